@@ -1,0 +1,191 @@
+"""Run the selected hooks of one event under their timeouts and collect their outcomes.
+
+Transport-agnostic: a target is anything with a ``spec``, an ``order`` and an ``endpoint``
+coroutine function ``endpoint(event, ctx, deadline)``. The in-process registry's endpoint calls
+the hook's method; a remote endpoint sends a request and waits for the reply. Outcomes come back
+in hook order whatever order the hooks finish in, so aggregation never depends on timing.
+
+Hot path: each hook coroutine is started eagerly (one ``send``) in the caller's task. Most hooks
+answer without suspending, and then no task, no timer and no event-loop round trip is created.
+Only a hook that really awaits is wrapped in a task and put under its deadline. (Python 3.12's
+eager task factory does the same thing; HookBus supports 3.11.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Protocol
+
+from bus.aggregation import Outcome, check_answer
+from bus.errors import HookFailure
+from bus.events import HookContext, HookEvent
+from bus.hooks import HookSpec
+from bus.selection import Target
+
+Endpoint = Callable[[HookEvent, HookContext, float], Awaitable[Any]]
+
+
+class DispatchTarget(Target, Protocol):
+    """A selected hook and how to call it."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+
+@types.coroutine
+def _drive(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
+    """Continue a coroutine that already ran its first step, inside a task."""
+    to_yield = first
+    while True:
+        try:
+            sent = yield to_yield
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - forwarded into the hook (cancellation)
+            try:
+                to_yield = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                to_yield = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
+    return await _drive(coro, first)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # A hook abandoned at its timeout may still raise later; read it so asyncio does not log
+    # "exception was never retrieved" for something the dispatch already recorded.
+    if not task.cancelled():
+        task.exception()
+
+
+def _failure(event: HookEvent, spec: HookSpec, exc: BaseException, elapsed: float) -> Outcome:
+    if isinstance(exc, HookFailure):
+        return Outcome(spec, None, exc.kind, str(exc) or type(exc).__name__, elapsed)
+    if isinstance(exc, TimeoutError):
+        return Outcome(spec, None, "timeout", f"timed out: {exc}", elapsed)
+    return Outcome(spec, None, "error", f"{type(exc).__name__}: {exc}", elapsed)
+
+
+def _start(
+    event: HookEvent, ctx: HookContext, target: DispatchTarget, deadline: float
+) -> tuple[bool, Any]:
+    """Run a hook's first step. Returns (True, outcome) if it finished, else (False, coro+yield)."""
+    t0 = time.perf_counter()
+    try:
+        coro = target.endpoint(event, ctx, deadline)
+        if not isinstance(coro, types.CoroutineType):
+            if isinstance(coro, Awaitable):
+                coro = _await(coro)
+            else:
+                return True, check_answer(event, target.spec, coro, time.perf_counter() - t0)
+        first = coro.send(None)
+    except StopIteration as stop:
+        return True, check_answer(event, target.spec, stop.value, time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - a hook's crash is an outcome, not our crash
+        return True, _failure(event, target.spec, exc, time.perf_counter() - t0)
+    return False, (coro, first, t0)
+
+
+_Pending = tuple[int, float, float, float]  # index, deadline, start, timeout
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def run_targets(
+    event: HookEvent,
+    ctx: HookContext,
+    targets: Sequence[DispatchTarget],
+    default_timeout: float,
+    *,
+    sequential: bool = False,
+) -> list[Outcome]:
+    """Call every target, in parallel (or one at a time), each under its own timeout.
+
+    Returns one outcome per target, in the order of ``targets``. Never raises for a hook's
+    failure: timeouts, crashes and unreachable endpoints become failed outcomes.
+    """
+    if not targets:
+        return []
+    loop = asyncio.get_running_loop()
+    outcomes: list[Outcome | None] = [None] * len(targets)
+    pending: dict[asyncio.Task[Any], _Pending] = {}
+    for i, target in enumerate(targets):
+        timeout = target.spec.timeout or default_timeout
+        deadline = loop.time() + timeout
+        done, state = _start(event, ctx, target, deadline)
+        if done:
+            outcomes[i] = state
+            continue
+        coro, first, t0 = state
+        task = loop.create_task(_resume(coro, first))
+        pending[task] = (i, deadline, t0, timeout)
+        if sequential:
+            await _collect(event, targets, outcomes, pending, loop)
+    if pending:
+        await _collect(event, targets, outcomes, pending, loop)
+    return outcomes  # type: ignore[return-value]  # every slot is filled by now
+
+
+async def _collect(
+    event: HookEvent,
+    targets: Sequence[DispatchTarget],
+    outcomes: list[Outcome | None],
+    pending: dict[asyncio.Task[Any], _Pending],
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    try:
+        await _collect_until_done(event, targets, outcomes, pending, loop)
+    except BaseException:
+        for task in pending:  # the dispatch itself was cancelled: do not leave hooks running
+            task.cancel()
+            task.add_done_callback(_retrieve)
+        raise
+
+
+async def _collect_until_done(
+    event: HookEvent,
+    targets: Sequence[DispatchTarget],
+    outcomes: list[Outcome | None],
+    pending: dict[asyncio.Task[Any], _Pending],
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    while pending:
+        nearest = min(p[1] for p in pending.values())
+        done, _ = await asyncio.wait(
+            pending, timeout=max(0.0, nearest - loop.time()), return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done:
+            i, _, t0, _ = pending.pop(task)
+            elapsed = time.perf_counter() - t0
+            spec = targets[i].spec
+            if task.cancelled():
+                outcomes[i] = Outcome(spec, None, "error", "cancelled", elapsed)
+            elif (exc := task.exception()) is not None:
+                outcomes[i] = _failure(event, spec, exc, elapsed)
+            else:
+                outcomes[i] = check_answer(event, spec, task.result(), elapsed)
+        now = loop.time()
+        for task, (i, deadline, t0, timeout) in list(pending.items()):
+            if deadline <= now:
+                del pending[task]
+                task.cancel()
+                task.add_done_callback(_retrieve)
+                outcomes[i] = Outcome(
+                    targets[i].spec,
+                    None,
+                    "timeout",
+                    f"no answer within {timeout:g}s",
+                    time.perf_counter() - t0,
+                )

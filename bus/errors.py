@@ -1,0 +1,69 @@
+"""The one error hierarchy of HookBus.
+
+::
+
+    HookBusError                    root: catch this to catch everything HookBus raises
+    ├── InvalidInputError           bad input to the public API (also a ValueError)
+    │   ├── UnknownEventError       an event name that is not one of the 12
+    │   ├── PatternError            a malformed tool-name or content pattern
+    │   └── ContextTypeError        a context of the wrong type for the event (also a TypeError)
+    ├── ConfigError                 a setting that cannot be used (bad env var, bad hook class)
+    └── HookFailure                 one hook call that did not answer
+        ├── HookTimeout             it ran past its timeout
+        ├── HookCrashed             it raised
+        └── HookUnreachable         nothing could serve it (no live replica, transport down)
+
+A ``HookFailure`` never escapes a dispatch: the dispatcher records it in the result (which hook,
+why) and applies the hook's failure policy. It is an exception only so that an endpoint can
+raise it from deep inside a transport.
+"""
+
+from __future__ import annotations
+
+
+class HookBusError(Exception):
+    """Root of every error HookBus raises."""
+
+
+class InvalidInputError(HookBusError, ValueError):
+    """Bad input to the public API."""
+
+
+class UnknownEventError(InvalidInputError):
+    """An event name that is not one of the 12 lifecycle events."""
+
+
+class PatternError(InvalidInputError):
+    """A malformed tool-name or content pattern."""
+
+
+class ContextTypeError(InvalidInputError, TypeError):
+    """A context object of the wrong type for the event it was dispatched with."""
+
+
+class ConfigError(HookBusError):
+    """A setting or hook declaration that cannot be used."""
+
+
+class HookFailure(HookBusError):
+    """One hook call that produced no answer."""
+
+    kind = "error"
+
+
+class HookTimeout(HookFailure):
+    """The hook ran past its timeout."""
+
+    kind = "timeout"
+
+
+class HookCrashed(HookFailure):
+    """The hook raised an exception."""
+
+    kind = "error"
+
+
+class HookUnreachable(HookFailure):
+    """No replica could serve the hook, or the transport to it is down."""
+
+    kind = "unreachable"

@@ -1,0 +1,217 @@
+"""The hook base classes and the static description (``HookSpec``) the dispatcher works from.
+
+Subclass ``AgentHook`` and override only the methods you care about; every method has a
+do-nothing default. Declarations are class (or instance) attributes::
+
+    class NoEnvFiles(AgentHook):
+        subscribed_events = (HookEvent.PRE_TOOL_USE,)
+        match_filter = ToolMatchFilter.parse(["file_*"], ["path:.env"])
+        timeout = 2.0
+        failure_policy = "fail"
+
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
+            return Block(reason="no .env files")
+
+``priority`` orders hooks (lower first, ties by registration) for "last MutateInput wins" and
+"first Override wins". ``failure_policy = "fail"`` turns a timeout, crash or unreachable hook
+into Block (PreToolUse) or Deny (PermissionRequest); on other events a failure is only recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from bus.actions import CONTINUE, PermissionRequestAction, PostToolUseAction, PreToolUseAction
+from bus.errors import ConfigError
+from bus.events import (
+    HookEvent,
+    PermissionDeniedContext,
+    PermissionRequestContext,
+    PostCompactContext,
+    PostToolUseContext,
+    PostToolUseFailureContext,
+    PreCompactContext,
+    PreToolUseContext,
+    SessionStartContext,
+    SessionStopContext,
+    StepCompleteContext,
+    SubagentStartContext,
+    SubagentStopContext,
+)
+from bus.matcher import MATCH_ALL, ToolMatchFilter
+
+FailurePolicy = Literal["ignore", "fail"]
+
+#: The AgentHook method each event calls.
+SYNC_METHODS: dict[HookEvent, str] = {
+    HookEvent.ON_SESSION_START: "on_session_start",
+    HookEvent.PRE_TOOL_USE: "pre_tool_use",
+    HookEvent.POST_TOOL_USE: "post_tool_use",
+    HookEvent.POST_TOOL_USE_FAILURE: "on_post_tool_use_failure",
+    HookEvent.ON_STEP_COMPLETE: "on_step_complete",
+    HookEvent.ON_SESSION_STOP: "on_session_stop",
+    HookEvent.ON_SUBAGENT_START: "on_subagent_start",
+    HookEvent.ON_SUBAGENT_STOP: "on_subagent_stop",
+    HookEvent.ON_PRE_COMPACT: "on_pre_compact",
+    HookEvent.ON_POST_COMPACT: "on_post_compact",
+    HookEvent.PERMISSION_REQUEST: "on_permission_request",
+    HookEvent.PERMISSION_DENIED: "on_permission_denied",
+}
+
+#: The AsyncAgentHook method each event calls (the spec's three, plus one per other event).
+ASYNC_METHODS: dict[HookEvent, str] = {
+    HookEvent.ON_SESSION_START: "on_session_start_async",
+    HookEvent.PRE_TOOL_USE: "on_pre_tool_use_async",
+    HookEvent.POST_TOOL_USE: "on_post_tool_use_async",
+    HookEvent.POST_TOOL_USE_FAILURE: "on_post_tool_use_failure_async",
+    HookEvent.ON_STEP_COMPLETE: "on_step_complete_async",
+    HookEvent.ON_SESSION_STOP: "on_session_stop_async",
+    HookEvent.ON_SUBAGENT_START: "on_subagent_start_async",
+    HookEvent.ON_SUBAGENT_STOP: "on_subagent_stop_async",
+    HookEvent.ON_PRE_COMPACT: "on_pre_compact_async",
+    HookEvent.ON_POST_COMPACT: "on_post_compact_async",
+    HookEvent.PERMISSION_REQUEST: "on_permission_request_async",
+    HookEvent.PERMISSION_DENIED: "on_permission_denied_async",
+}
+
+
+class HookSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the dispatcher needs to know about a hook, without the hook itself.
+
+    Built from a local hook object by ``spec_of``, or from a remote hook's manifest.
+    """
+
+    name: str
+    events: frozenset[HookEvent] = frozenset()  # empty = every event
+    timeout: float | None = None
+    match_filter: ToolMatchFilter = MATCH_ALL
+    priority: int = 0
+    failure_policy: FailurePolicy = "ignore"
+
+    def subscribes(self, event: HookEvent) -> bool:
+        return not self.events or event in self.events
+
+
+class _HookBase:
+    name: ClassVar[str] = ""
+    subscribed_events: ClassVar[Iterable[HookEvent | str]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+
+class AgentHook(_HookBase):
+    """A synchronous hook: its answers shape what the agent does next."""
+
+    name = "AgentHook"
+    timeout: ClassVar[float | None] = None
+    match_filter: ClassVar[ToolMatchFilter] = MATCH_ALL
+    priority: ClassVar[int] = 0
+    failure_policy: ClassVar[FailurePolicy] = "ignore"
+
+    async def on_session_start(self, ctx: SessionStartContext) -> None:
+        return None
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
+        return CONTINUE
+
+    async def post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseAction:
+        return CONTINUE
+
+    async def on_post_tool_use_failure(self, ctx: PostToolUseFailureContext) -> PostToolUseAction:
+        return CONTINUE
+
+    async def on_step_complete(self, ctx: StepCompleteContext) -> None:
+        return None
+
+    async def on_session_stop(self, ctx: SessionStopContext) -> None:
+        return None
+
+    async def on_subagent_start(self, ctx: SubagentStartContext) -> None:
+        return None
+
+    async def on_subagent_stop(self, ctx: SubagentStopContext) -> None:
+        return None
+
+    async def on_pre_compact(self, ctx: PreCompactContext) -> None:
+        return None
+
+    async def on_post_compact(self, ctx: PostCompactContext) -> None:
+        return None
+
+    async def on_permission_request(
+        self, ctx: PermissionRequestContext
+    ) -> PermissionRequestAction:
+        return CONTINUE
+
+    async def on_permission_denied(self, ctx: PermissionDeniedContext) -> None:
+        return None
+
+
+class AsyncAgentHook(_HookBase):
+    """A fire-and-forget hook: it observes events and never delays the agent.
+
+    The specification's three methods are ``on_post_tool_use_async``,
+    ``on_post_tool_use_failure_async`` and ``on_session_stop_async``; the other events have
+    ``on_<event>_async`` methods too (see ``ASYNC_METHODS``).
+    """
+
+    name = "AsyncAgentHook"
+    timeout: ClassVar[float | None] = None  # default: the async timeout (5 s)
+
+    async def on_session_start_async(self, ctx: SessionStartContext) -> None: ...
+    async def on_pre_tool_use_async(self, ctx: PreToolUseContext) -> None: ...
+    async def on_post_tool_use_async(self, ctx: PostToolUseContext) -> None: ...
+    async def on_post_tool_use_failure_async(self, ctx: PostToolUseFailureContext) -> None: ...
+    async def on_step_complete_async(self, ctx: StepCompleteContext) -> None: ...
+    async def on_session_stop_async(self, ctx: SessionStopContext) -> None: ...
+    async def on_subagent_start_async(self, ctx: SubagentStartContext) -> None: ...
+    async def on_subagent_stop_async(self, ctx: SubagentStopContext) -> None: ...
+    async def on_pre_compact_async(self, ctx: PreCompactContext) -> None: ...
+    async def on_post_compact_async(self, ctx: PostCompactContext) -> None: ...
+    async def on_permission_request_async(self, ctx: PermissionRequestContext) -> None: ...
+    async def on_permission_denied_async(self, ctx: PermissionDeniedContext) -> None: ...
+
+
+def _events(hook: object) -> frozenset[HookEvent]:
+    declared = getattr(hook, "subscribed_events", ())
+    if isinstance(declared, str):
+        declared = (declared,)
+    return frozenset(HookEvent.parse(e) for e in declared)
+
+
+def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
+    """Validate a hook's declarations and describe it; raise ConfigError if they are unusable."""
+    if not isinstance(hook, AgentHook | AsyncAgentHook):
+        raise ConfigError(f"{hook!r} is not an AgentHook or AsyncAgentHook instance")
+    name = getattr(hook, "name", "")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"hook {hook!r} needs a non-empty name")
+    timeout = getattr(hook, "timeout", None)
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0
+    ):
+        raise ConfigError(f"hook {name}: timeout must be a positive number of seconds")
+    policy = getattr(hook, "failure_policy", "ignore")
+    if policy not in ("ignore", "fail"):
+        raise ConfigError(f"hook {name}: failure_policy must be 'ignore' or 'fail', not {policy!r}")
+    match_filter = getattr(hook, "match_filter", MATCH_ALL)
+    if not isinstance(match_filter, ToolMatchFilter):
+        raise ConfigError(f"hook {name}: match_filter must be a ToolMatchFilter")
+    priority = getattr(hook, "priority", 0)
+    if not isinstance(priority, int):
+        raise ConfigError(f"hook {name}: priority must be an integer")
+    return HookSpec(
+        name=name,
+        events=_events(hook),
+        timeout=float(timeout) if timeout is not None else None,
+        match_filter=match_filter,
+        priority=priority,
+        failure_policy=policy,
+    )

@@ -1,0 +1,168 @@
+"""``HookRegistry``: embedded mode, hooks as Python objects in the agent's process.
+
+Keeps the specification's precomputed event index (global hooks per event, already in hook
+order), session hooks per session, and async hooks per event. Dispatch goes through the shared
+``EventRunner``: selection and aggregation are the pure core's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bus.actions import NotifyResult
+from bus.aggregation import Outcome
+from bus.dispatch import Endpoint, run_targets
+from bus.errors import ConfigError
+from bus.events import HookContext, HookEvent, SessionStopContext, session_of, tool_of
+from bus.hooks import ASYNC_METHODS, SYNC_METHODS, AgentHook, AsyncAgentHook, HookSpec, spec_of
+from bus.runner import EventRunner
+from bus.selection import select
+from bus.settings import HookSettings
+
+log = logging.getLogger("hookbus.registry")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTarget:
+    """A hook object in this process, ready to be dispatched."""
+
+    spec: HookSpec
+    order: tuple[int, int]
+    hook: Any
+    methods: dict[HookEvent, Callable[[Any], Any]] = field(repr=False)
+    endpoint: Endpoint = field(repr=False)
+
+
+def _local_target(spec: HookSpec, order: tuple[int, int], hook: Any, table: dict[HookEvent, str]) -> LocalTarget:
+    methods = {event: getattr(hook, method) for event, method in table.items()}
+    return LocalTarget(spec, order, hook, methods, lambda event, ctx, _deadline: methods[event](ctx))
+
+
+class HookRegistry(EventRunner):
+    """In-process hook registry (embedded mode).
+
+    Args:
+        settings: dispatch settings; read from the environment once, here, when omitted.
+    """
+
+    def __init__(self, settings: HookSettings | None = None) -> None:
+        super().__init__(settings)
+        self._seq = itertools.count()
+        self._event_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
+        self._session_hooks: dict[str, list[LocalTarget]] = {}
+        self._async_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
+        self._names: set[str] = set()
+        self.async_failures = 0
+
+    # -- registration ------------------------------------------------------------------------
+
+    def _target(self, hook: Any, table: dict[HookEvent, str]) -> LocalTarget:
+        spec = spec_of(hook)
+        return _local_target(spec, (spec.priority, next(self._seq)), hook, table)
+
+    def _claim_name(self, name: str) -> None:
+        if name in self._names:
+            raise ConfigError(f"a hook named {name!r} is already registered")
+        self._names.add(name)
+
+    def add(self, hook: AgentHook) -> HookSpec:
+        """Register a global synchronous hook."""
+        if not isinstance(hook, AgentHook):
+            hint = " (use add_async)" if isinstance(hook, AsyncAgentHook) else ""
+            raise ConfigError(f"add() takes an AgentHook, got {type(hook).__name__}{hint}")
+        target = self._target(hook, SYNC_METHODS)
+        self._claim_name(target.spec.name)
+        for event in HookEvent:
+            if target.spec.subscribes(event):
+                bisect.insort(self._event_index[event], target, key=lambda t: t.order)
+        return target.spec
+
+    def add_async(self, hook: AsyncAgentHook) -> HookSpec:
+        """Register a fire-and-forget hook."""
+        if not isinstance(hook, AsyncAgentHook):
+            raise ConfigError(f"add_async() takes an AsyncAgentHook, got {type(hook).__name__}")
+        target = self._target(hook, ASYNC_METHODS)
+        self._claim_name(target.spec.name)
+        for event in HookEvent:
+            if target.spec.subscribes(event):
+                self._async_index[event].append(target)
+        return target.spec
+
+    def add_session_hook(self, session_id: str, hook: AgentHook) -> HookSpec:
+        """Register a hook that answers only for ``session_id`` (no match filter)."""
+        if not isinstance(hook, AgentHook):
+            raise ConfigError(f"add_session_hook() takes an AgentHook, got {type(hook).__name__}")
+        target = self._target(hook, SYNC_METHODS)
+        hooks = self._session_hooks.setdefault(session_id, [])
+        if any(t.spec.name == target.spec.name for t in hooks):
+            raise ConfigError(f"session {session_id} already has a hook named {target.spec.name!r}")
+        hooks.append(target)
+        return target.spec
+
+    def remove_session_hook(self, session_id: str, name: str) -> bool:
+        """Remove one session hook by name; True if it was there."""
+        hooks = self._session_hooks.get(session_id, [])
+        kept = [t for t in hooks if t.spec.name != name]
+        if len(kept) == len(hooks):
+            return False
+        if kept:
+            self._session_hooks[session_id] = kept
+        else:
+            del self._session_hooks[session_id]
+        return True
+
+    def clear_session_hooks(self, session_id: str) -> None:
+        """Remove every hook of ``session_id``."""
+        self._session_hooks.pop(session_id, None)
+
+    def specs(self, event: HookEvent | None = None) -> list[HookSpec]:
+        """The global sync hooks (for one event, or all), in hook order."""
+        if event is not None:
+            return [t.spec for t in self._event_index[event]]
+        seen = {t.spec.name: t for ts in self._event_index.values() for t in ts}
+        return [t.spec for t in sorted(seen.values(), key=lambda t: t.order)]
+
+    def session_hook_names(self, session_id: str) -> list[str]:
+        return [t.spec.name for t in self._session_hooks.get(session_id, [])]
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    async def gather(
+        self, event: HookEvent, ctx: HookContext, *, sequential: bool = False
+    ) -> list[Outcome]:
+        session = self._session_hooks.get(session_of(ctx), ())
+        name, args = tool_of(ctx)
+        targets = select(event, self._event_index[event], session, name, args)
+        return await run_targets(
+            event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential
+        )
+
+    def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
+        targets = self._async_index[event]
+        if not targets:
+            return
+        name, args = tool_of(ctx)
+        for target in select(event, targets, (), name, args):
+            self.spawn(self._call_async(target, event, ctx))
+
+    async def _call_async(self, target: LocalTarget, event: HookEvent, ctx: HookContext) -> None:
+        timeout = target.spec.timeout or self.settings.async_timeout_secs
+        try:
+            await asyncio.wait_for(target.methods[event](ctx), timeout)
+        except Exception as exc:  # noqa: BLE001 - an async hook never fails the agent
+            self.async_failures += 1
+            why = f"no answer within {timeout:g}s" if isinstance(exc, TimeoutError) else repr(exc)
+            log.warning("async hook %s failed on %s: %s", target.spec.name, event.value, why)
+
+    async def run_on_session_stop(self, ctx: SessionStopContext) -> NotifyResult:
+        """Run OnSessionStop hooks in order, then forget the session's hooks."""
+        try:
+            return await super().run_on_session_stop(ctx)
+        finally:
+            self.clear_session_hooks(ctx.session_id)

@@ -1,0 +1,192 @@
+"""The ``run_*`` API shared by every mode: validate, gather outcomes, aggregate.
+
+``EventRunner`` turns one event into one result. How the hooks' answers are gathered is the
+subclass's business: ``HookRegistry`` calls Python objects in this process; the distributed
+client asks hook services over Redis. Both hand their outcomes to the same pure aggregation, so
+the modes cannot mean different things.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from bus.actions import (
+    NotifyResult,
+    PermissionRequestResult,
+    PostToolUseResult,
+    PreToolUseResult,
+    SkippedHook,
+)
+from bus.aggregation import (
+    Outcome,
+    aggregate_notify,
+    aggregate_permission_request,
+    aggregate_post_tool_use,
+    aggregate_pre_tool_use,
+)
+from bus.errors import ContextTypeError
+from bus.events import (
+    CONTEXT_TYPES,
+    HookContext,
+    HookEvent,
+    PermissionDeniedContext,
+    PermissionRequestContext,
+    PostCompactContext,
+    PostToolUseContext,
+    PostToolUseFailureContext,
+    PreCompactContext,
+    PreToolUseContext,
+    SessionStartContext,
+    SessionStopContext,
+    StepCompleteContext,
+    SubagentStartContext,
+    SubagentStopContext,
+)
+from bus.settings import HookSettings
+
+log = logging.getLogger("hookbus.dispatch")
+
+
+def check_context(event: HookEvent, ctx: object) -> None:
+    """Raise ContextTypeError unless ``ctx`` is the context type of ``event``."""
+    expected = CONTEXT_TYPES[event]
+    if type(ctx) is not expected:
+        raise ContextTypeError(
+            f"{event.value} takes a {expected.__name__}, got {type(ctx).__name__}"
+        )
+
+
+class EventRunner(abc.ABC):
+    """One ``run_*`` method per lifecycle event, over an abstract way of calling hooks."""
+
+    settings: HookSettings
+
+    def __init__(self, settings: HookSettings | None = None) -> None:
+        self.settings = settings if settings is not None else HookSettings.from_env()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- what a mode provides ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def gather(
+        self, event: HookEvent, ctx: HookContext, *, sequential: bool = False
+    ) -> list[Outcome]:
+        """Call the sync hooks selected for this event; outcomes in hook order."""
+
+    @abc.abstractmethod
+    def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
+        """Start the async (fire-and-forget) hooks for this event without waiting."""
+
+    # -- shared machinery --------------------------------------------------------------------
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait for background work (async hooks, PermissionDenied) to finish."""
+        while self._background:
+            await asyncio.wait(list(self._background), timeout=timeout)
+            if timeout is not None:
+                return
+
+    def _report(self, skipped: Sequence[SkippedHook]) -> None:
+        for s in skipped:
+            log.warning(
+                "hook %s skipped for %s (%s): %s%s",
+                s.hook_name,
+                s.event.value,
+                s.kind,
+                s.detail,
+                " -> enforced by failure_policy=fail" if s.enforced else "",
+            )
+
+    async def _run(
+        self, event: HookEvent, ctx: HookContext, sequential: bool = False
+    ) -> list[Outcome]:
+        check_context(event, ctx)
+        self.fire_async(event, ctx)
+        return await self.gather(event, ctx, sequential=sequential)
+
+    async def _notify(
+        self, event: HookEvent, ctx: HookContext, sequential: bool = False
+    ) -> NotifyResult:
+        result = aggregate_notify(event, await self._run(event, ctx, sequential))
+        if result.skipped:
+            self._report(result.skipped)
+        return result
+
+    # -- the specification's API ---------------------------------------------------------------
+
+    async def run_on_session_start(self, ctx: SessionStartContext) -> NotifyResult:
+        return await self._notify(HookEvent.ON_SESSION_START, ctx)
+
+    async def run_pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseResult:
+        outcomes = await self._run(HookEvent.PRE_TOOL_USE, ctx)
+        result = aggregate_pre_tool_use(ctx.tool_args, outcomes, _now())
+        if result.skipped:
+            self._report(result.skipped)
+        return result
+
+    async def run_post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseResult:
+        outcomes = await self._run(HookEvent.POST_TOOL_USE, ctx)
+        return self._post(HookEvent.POST_TOOL_USE, ctx.output_content, outcomes)
+
+    async def run_on_post_tool_use_failure(
+        self, ctx: PostToolUseFailureContext
+    ) -> PostToolUseResult:
+        outcomes = await self._run(HookEvent.POST_TOOL_USE_FAILURE, ctx)
+        return self._post(HookEvent.POST_TOOL_USE_FAILURE, ctx.error_message, outcomes)
+
+    def _post(self, event: HookEvent, content: str, outcomes: list[Outcome]) -> PostToolUseResult:
+        result = aggregate_post_tool_use(
+            event, content, outcomes, _now(), self.settings.truncate_chars
+        )
+        if result.skipped:
+            self._report(result.skipped)
+        return result
+
+    async def run_on_step_complete(self, ctx: StepCompleteContext) -> NotifyResult:
+        return await self._notify(HookEvent.ON_STEP_COMPLETE, ctx)
+
+    async def run_on_session_stop(self, ctx: SessionStopContext) -> NotifyResult:
+        """Runs the hooks in order, one at a time (cleanup must not race)."""
+        return await self._notify(HookEvent.ON_SESSION_STOP, ctx, sequential=True)
+
+    async def run_on_subagent_start(self, ctx: SubagentStartContext) -> NotifyResult:
+        return await self._notify(HookEvent.ON_SUBAGENT_START, ctx)
+
+    async def run_on_subagent_stop(self, ctx: SubagentStopContext) -> NotifyResult:
+        return await self._notify(HookEvent.ON_SUBAGENT_STOP, ctx)
+
+    async def run_on_pre_compact(self, ctx: PreCompactContext) -> NotifyResult:
+        return await self._notify(HookEvent.ON_PRE_COMPACT, ctx)
+
+    async def run_on_post_compact(self, ctx: PostCompactContext) -> NotifyResult:
+        return await self._notify(HookEvent.ON_POST_COMPACT, ctx)
+
+    async def run_on_permission_request(
+        self, ctx: PermissionRequestContext
+    ) -> PermissionRequestResult:
+        outcomes = await self._run(HookEvent.PERMISSION_REQUEST, ctx)
+        result = aggregate_permission_request(outcomes, _now())
+        if result.skipped:
+            self._report(result.skipped)
+        return result
+
+    async def run_on_permission_denied(self, ctx: PermissionDeniedContext) -> None:
+        """Fire-and-forget: returns at once; the hooks run in the background (``drain``)."""
+        check_context(HookEvent.PERMISSION_DENIED, ctx)
+        self.spawn(self._notify(HookEvent.PERMISSION_DENIED, ctx))
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
