@@ -9,10 +9,11 @@ are shared by the unions that contain them. The specification's ``Warning`` vari
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
+from bus.errors import FailureKind
 from bus.events import HookEvent, PermissionDecision
 
 
@@ -20,38 +21,38 @@ class _Action(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Base of every hook action."""
 
 
-class Continue(_Action, tag="Continue", kw_only=True):
+class Continue(_Action, tag="Continue", frozen=True, kw_only=True):
     """Do not intervene."""
 
 
-class Block(_Action, tag="Block", kw_only=True):
+class Block(_Action, tag="Block", frozen=True, kw_only=True):
     """Stop this one tool call (PreToolUse)."""
 
     reason: str
 
 
-class MutateInput(_Action, tag="MutateInput", kw_only=True):
+class MutateInput(_Action, tag="MutateInput", frozen=True, kw_only=True):
     """Replace the tool's arguments (PreToolUse)."""
 
     updated_args: dict[str, Any]
     additional_context: str | None = None
 
 
-class PermissionRequired(_Action, tag="PermissionRequired", kw_only=True):
+class PermissionRequired(_Action, tag="PermissionRequired", frozen=True, kw_only=True):
     """Ask for permission (PreToolUse: escalates Allow to Ask; PostToolUse: advisory)."""
 
     permission: str
     tool_name: str
 
 
-class MutateOutput(_Action, tag="MutateOutput", kw_only=True):
+class MutateOutput(_Action, tag="MutateOutput", frozen=True, kw_only=True):
     """Replace the tool's output (PostToolUse, PostToolUseFailure)."""
 
     updated_content: str
     additional_context: str | None = None
 
 
-class Warn(_Action, tag="Warning", kw_only=True):
+class Warn(_Action, tag="Warning", frozen=True, kw_only=True):
     """Flag the output without blocking; injected as a system reminder.
 
     With ``truncate_output`` the final output is cut to the registry's truncation limit.
@@ -61,21 +62,21 @@ class Warn(_Action, tag="Warning", kw_only=True):
     truncate_output: bool = False
 
 
-class Metadata(_Action, tag="Metadata", kw_only=True):
+class Metadata(_Action, tag="Metadata", frozen=True, kw_only=True):
     """Attach a structured value to the result under ``key``."""
 
     key: str
     value: Any = None
 
 
-class Override(_Action, tag="Override", kw_only=True):
+class Override(_Action, tag="Override", frozen=True, kw_only=True):
     """Replace the permission decision (PermissionRequest)."""
 
     decision: PermissionDecision
     reason: str = ""
 
 
-class InjectContext(_Action, tag="InjectContext", kw_only=True):
+class InjectContext(_Action, tag="InjectContext", frozen=True, kw_only=True):
     """Add context for the LLM (PermissionRequest)."""
 
     context: str
@@ -107,9 +108,6 @@ class TaggedContext(msgspec.Struct, frozen=True):
     def render(self) -> str:
         """``[Hook: name | Event] content``, the form the LLM sees."""
         return f"[Hook: {self.hook_name} | {self.source_event.value}] {self.content}"
-
-
-FailureKind = Literal["timeout", "error", "unreachable"]
 
 
 class SkippedHook(msgspec.Struct, frozen=True):

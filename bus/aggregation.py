@@ -30,7 +30,6 @@ from bus.actions import (
     Block,
     BlockingError,
     Continue,
-    FailureKind,
     InjectContext,
     Metadata,
     MutateInput,
@@ -45,6 +44,7 @@ from bus.actions import (
     TaggedContext,
     Warn,
 )
+from bus.errors import FailureKind
 from bus.events import HookEvent, PermissionDecision
 from bus.hooks import HookSpec
 

@@ -26,7 +26,7 @@ class ContextDeduplicator:
         produce one reminder.
         """
         text = content.content if isinstance(content, TaggedContext) else content
-        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         if digest in self._seen:
             return True
         self._seen.add(digest)

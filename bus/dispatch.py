@@ -45,7 +45,7 @@ def _drive(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, An
         except GeneratorExit:
             coro.close()
             raise
-        except BaseException as exc:  # noqa: BLE001 - forwarded into the hook (cancellation)
+        except BaseException as exc:  # forwarded into the hook (cancellation)
             try:
                 to_yield = coro.throw(exc)
             except StopIteration as stop:
@@ -91,7 +91,7 @@ def _start(
         first = coro.send(None)
     except StopIteration as stop:
         return True, check_answer(event, target.spec, stop.value, time.perf_counter() - t0)
-    except Exception as exc:  # noqa: BLE001 - a hook's crash is an outcome, not our crash
+    except Exception as exc:  # a hook's crash is an outcome, not our crash
         return True, _failure(event, target.spec, exc, time.perf_counter() - t0)
     return False, (coro, first, t0)
 

@@ -20,6 +20,10 @@ raise it from deep inside a transport.
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
+FailureKind = Literal["timeout", "error", "unreachable"]
+
 
 class HookBusError(Exception):
     """Root of every error HookBus raises."""
@@ -48,22 +52,22 @@ class ConfigError(HookBusError):
 class HookFailure(HookBusError):
     """One hook call that produced no answer."""
 
-    kind = "error"
+    kind: ClassVar[FailureKind] = "error"
 
 
 class HookTimeout(HookFailure):
     """The hook ran past its timeout."""
 
-    kind = "timeout"
+    kind: ClassVar[FailureKind] = "timeout"
 
 
 class HookCrashed(HookFailure):
     """The hook raised an exception."""
 
-    kind = "error"
+    kind: ClassVar[FailureKind] = "error"
 
 
 class HookUnreachable(HookFailure):
     """No replica could serve the hook, or the transport to it is down."""
 
-    kind = "unreachable"
+    kind: ClassVar[FailureKind] = "unreachable"

@@ -81,20 +81,20 @@ class _Context(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every context: immutable, keyword-only."""
 
 
-class SessionStartContext(_Context, kw_only=True):
+class SessionStartContext(_Context, frozen=True, kw_only=True):
     session_id: str
     turn_index: int = 0
     is_resume: bool = False
 
 
-class PreToolUseContext(_Context, kw_only=True):
+class PreToolUseContext(_Context, frozen=True, kw_only=True):
     session_id: str
     tool_name: str
     tool_args: dict[str, Any] = msgspec.field(default_factory=dict)
     step: int = 0
 
 
-class PostToolUseContext(_Context, kw_only=True):
+class PostToolUseContext(_Context, frozen=True, kw_only=True):
     session_id: str
     agent_name: str = "main"
     tool_name: str
@@ -105,7 +105,7 @@ class PostToolUseContext(_Context, kw_only=True):
     elapsed_ms: float = 0.0
 
 
-class PostToolUseFailureContext(_Context, kw_only=True):
+class PostToolUseFailureContext(_Context, frozen=True, kw_only=True):
     session_id: str
     agent_name: str = "main"
     tool_name: str
@@ -117,7 +117,7 @@ class PostToolUseFailureContext(_Context, kw_only=True):
     tool_args: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class StepCompleteContext(_Context, kw_only=True):
+class StepCompleteContext(_Context, frozen=True, kw_only=True):
     session_id: str
     step: int
     max_steps: int
@@ -126,19 +126,19 @@ class StepCompleteContext(_Context, kw_only=True):
     token_limit: int = 0
 
 
-class SessionStopContext(_Context, kw_only=True):
+class SessionStopContext(_Context, frozen=True, kw_only=True):
     session_id: str
     terminal: TurnTerminal = TurnTerminal.COMPLETED
     total_steps: int = 0
 
 
-class SubagentStartContext(_Context, kw_only=True):
+class SubagentStartContext(_Context, frozen=True, kw_only=True):
     parent_session_id: str
     subagent_name: str
     prompt: str = ""
 
 
-class SubagentStopContext(_Context, kw_only=True):
+class SubagentStopContext(_Context, frozen=True, kw_only=True):
     parent_session_id: str
     subagent_name: str
     result_summary: str = ""
@@ -146,19 +146,19 @@ class SubagentStopContext(_Context, kw_only=True):
     is_error: bool = False
 
 
-class PreCompactContext(_Context, kw_only=True):
+class PreCompactContext(_Context, frozen=True, kw_only=True):
     session_id: str
     message_count: int = 0
     estimated_tokens: int = 0
 
 
-class PostCompactContext(_Context, kw_only=True):
+class PostCompactContext(_Context, frozen=True, kw_only=True):
     session_id: str
     new_message_count: int = 0
     compression_method: str = ""
 
 
-class PermissionRequestContext(_Context, kw_only=True):
+class PermissionRequestContext(_Context, frozen=True, kw_only=True):
     session_id: str
     tool_name: str
     tool_args: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -167,7 +167,7 @@ class PermissionRequestContext(_Context, kw_only=True):
     is_subagent: bool = False
 
 
-class PermissionDeniedContext(_Context, kw_only=True):
+class PermissionDeniedContext(_Context, frozen=True, kw_only=True):
     session_id: str
     tool_name: str
     reason: str = ""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import msgspec
 
@@ -145,9 +145,7 @@ class AgentHook(_HookBase):
     async def on_post_compact(self, ctx: PostCompactContext) -> None:
         return None
 
-    async def on_permission_request(
-        self, ctx: PermissionRequestContext
-    ) -> PermissionRequestAction:
+    async def on_permission_request(self, ctx: PermissionRequestContext) -> PermissionRequestAction:
         return CONTINUE
 
     async def on_permission_denied(self, ctx: PermissionDeniedContext) -> None:
@@ -213,5 +211,5 @@ def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
         timeout=float(timeout) if timeout is not None else None,
         match_filter=match_filter,
         priority=priority,
-        failure_policy=policy,
+        failure_policy=cast(FailurePolicy, policy),
     )

@@ -126,13 +126,13 @@ class ToolMatchFilter(msgspec.Struct, frozen=True):
 
     @classmethod
     def exact(cls, name: str) -> ToolMatchFilter:
-        if not name or "*" in name:
+        if not isinstance(name, str) or not name.strip() or "*" in name:
             raise PatternError(f"exact tool name must be non-empty and without '*': {name!r}")
         return cls((ToolNamePattern("exact", name),))
 
     @classmethod
     def prefix(cls, prefix: str) -> ToolMatchFilter:
-        if not prefix or "*" in prefix:
+        if not isinstance(prefix, str) or not prefix.strip() or "*" in prefix:
             raise PatternError(f"tool prefix must be non-empty and without '*': {prefix!r}")
         return cls((ToolNamePattern("prefix", prefix),))
 

@@ -39,9 +39,13 @@ class LocalTarget:
     endpoint: Endpoint = field(repr=False)
 
 
-def _local_target(spec: HookSpec, order: tuple[int, int], hook: Any, table: dict[HookEvent, str]) -> LocalTarget:
+def _local_target(
+    spec: HookSpec, order: tuple[int, int], hook: Any, table: dict[HookEvent, str]
+) -> LocalTarget:
     methods = {event: getattr(hook, method) for event, method in table.items()}
-    return LocalTarget(spec, order, hook, methods, lambda event, ctx, _deadline: methods[event](ctx))
+    return LocalTarget(
+        spec, order, hook, methods, lambda event, ctx, _deadline: methods[event](ctx)
+    )
 
 
 class HookRegistry(EventRunner):
@@ -155,7 +159,7 @@ class HookRegistry(EventRunner):
         timeout = target.spec.timeout or self.settings.async_timeout_secs
         try:
             await asyncio.wait_for(target.methods[event](ctx), timeout)
-        except Exception as exc:  # noqa: BLE001 - an async hook never fails the agent
+        except Exception as exc:  # an async hook never fails the agent
             self.async_failures += 1
             why = f"no answer within {timeout:g}s" if isinstance(exc, TimeoutError) else repr(exc)
             log.warning("async hook %s failed on %s: %s", target.spec.name, event.value, why)

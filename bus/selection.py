@@ -45,7 +45,8 @@ def select(
         chosen = [
             t
             for t in global_targets
-            if t.spec.match_filter.is_match_all() or t.spec.match_filter.matches(tool_name, tool_args)
+            if t.spec.match_filter.is_match_all()
+            or t.spec.match_filter.matches(tool_name, tool_args)
         ]
     else:
         chosen = list(global_targets)

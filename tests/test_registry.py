@@ -1,0 +1,483 @@
+"""HookRegistry (embedded mode) against the specification's test table.
+
+Specification test → test here:
+
+* test_hook_registry_runs_all_hooks            → test_hook_registry_runs_all_hooks
+* test_blocking_hook_stops_chain               → test_blocking_hook_stops_chain
+* test_mutate_input_accumulates_context        → test_mutate_input_accumulates_context
+* test_post_tool_use_mutate_output             → test_post_tool_use_mutate_output
+* test_session_start_hook_called               → test_session_start_hook_called
+* test_new_lifecycle_events_called             → test_new_lifecycle_events_called
+* test_match_filter_skips_irrelevant           → test_match_filter_skips_irrelevant
+* test_full_hook_pipeline_integration          → test_full_hook_pipeline_integration
+* test_async_hook_dispatch                     → test_async_hook_dispatch
+* test_permission_request_override             → test_permission_request_override
+* test_permission_request_continue             → test_permission_request_continue
+* test_permission_denied_fire_and_forget       → test_permission_denied_fire_and_forget
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bus import (
+    Block,
+    ConfigError,
+    ContextTypeError,
+    HookEvent,
+    HookRegistry,
+    HookSettings,
+    InjectContext,
+    Metadata,
+    MutateInput,
+    MutateOutput,
+    Override,
+    PermissionDecision,
+    PermissionDenialSource,
+    PermissionDeniedContext,
+    PermissionRequestContext,
+    PermissionRequired,
+    PostCompactContext,
+    PostToolUseContext,
+    PostToolUseFailureContext,
+    PreCompactContext,
+    PreToolUseContext,
+    SessionStartContext,
+    SessionStopContext,
+    StepCompleteContext,
+    SubagentStartContext,
+    SubagentStopContext,
+    ToolMatchFilter,
+    UnknownEventError,
+    Warn,
+)
+from tests.hooks_for_tests import AsyncRecorder, Recorder
+
+PRE = HookEvent.PRE_TOOL_USE
+
+
+def pre(tool: str = "file_read", **args: object) -> PreToolUseContext:
+    return PreToolUseContext(session_id="s1", tool_name=tool, tool_args=dict(args), step=1)
+
+
+def post(tool: str = "file_read", output: str = "out") -> PostToolUseContext:
+    return PostToolUseContext(session_id="s1", tool_name=tool, output_content=output, step=1)
+
+
+def registry(*hooks: Recorder, **settings: float) -> HookRegistry:
+    reg = HookRegistry(HookSettings(**settings))  # type: ignore[arg-type]
+    for h in hooks:
+        reg.add(h)
+    return reg
+
+
+async def test_hook_registry_runs_all_hooks() -> None:
+    hooks = [Recorder(f"h{i}") for i in range(3)]
+    result = await registry(*hooks).run_pre_tool_use(pre())
+    assert [len(h.calls) for h in hooks] == [1, 1, 1]
+    assert result.action.__class__.__name__ == "Continue"
+    assert result.final_args == {}
+
+
+async def test_blocking_hook_stops_chain() -> None:
+    a = Recorder("a", Block(reason="no"))
+    b = Recorder("b", Block(reason="never"))
+    c = Recorder("c")
+    result = await registry(a, b, c).run_pre_tool_use(pre())
+    assert isinstance(result.action, Block) and result.action.reason == "no"
+    assert [(e.hook_name, e.reason) for e in result.blocking_errors] == [
+        ("a", "no"),
+        ("b", "never"),
+    ]
+    assert result.is_blocked
+
+
+async def test_block_outranks_permission_required_outranks_mutate() -> None:
+    m = Recorder("m", MutateInput(updated_args={"x": 1}))
+    p = Recorder("p", PermissionRequired(permission="shell", tool_name="run_bash"))
+    b = Recorder("b", Block(reason="stop"))
+    assert isinstance((await registry(m, p).run_pre_tool_use(pre())).action, PermissionRequired)
+    assert isinstance((await registry(m, p, b).run_pre_tool_use(pre())).action, Block)
+    result = await registry(m).run_pre_tool_use(pre())
+    assert result.action == MutateInput(updated_args={"x": 1})
+
+
+async def test_mutate_input_accumulates_context() -> None:
+    a = Recorder("a", MutateInput(updated_args={"path": "/a"}, additional_context="from a"))
+    b = Recorder("b", MutateInput(updated_args={"path": "/b"}, additional_context="from b"))
+    result = await registry(a, b).run_pre_tool_use(pre(path="/orig"))
+    assert result.final_args == {"path": "/b"}  # last in hook order wins
+    assert result.additional_contexts == ("from a", "from b")
+    assert result.additional_context == "from a\nfrom b"
+    assert [t.render() for t in result.tagged_contexts] == [
+        "[Hook: a | PreToolUse] from a",
+        "[Hook: b | PreToolUse] from b",
+    ]
+
+
+async def test_priority_orders_last_wins_regardless_of_registration() -> None:
+    late = Recorder("late", MutateInput(updated_args={"v": "late"}), priority=10)
+    early = Recorder("early", MutateInput(updated_args={"v": "early"}), priority=-5)
+    result = await registry(late, early).run_pre_tool_use(pre())
+    assert result.final_args == {"v": "late"}
+
+
+async def test_post_tool_use_mutate_output() -> None:
+    a = Recorder("a", MutateOutput(updated_content="first", additional_context="note"))
+    b = Recorder("b", MutateOutput(updated_content="second"))
+    result = await registry(a, b).run_post_tool_use(post(output="raw"))
+    assert result.final_content == "second"
+    assert result.additional_contexts == ("note",)
+    assert result.tagged_contexts[0].render() == "[Hook: a | PostToolUse] note"
+
+
+async def test_post_tool_use_keeps_warnings_metadata_and_permission_requests() -> None:
+    hooks = [
+        Recorder("w", Warn(message="big output", truncate_output=True)),
+        Recorder("m1", Metadata(key="k", value=1)),
+        Recorder("m2", Metadata(key="k", value=2)),
+        Recorder("m3", Metadata(key="j", value={"a": [1]})),
+        Recorder("p", PermissionRequired(permission="net", tool_name="fetch")),
+    ]
+    reg = registry(*hooks, truncate_chars=5)
+    result = await reg.run_post_tool_use(post(output="0123456789"))
+    assert result.warnings == ("big output",)
+    assert result.metadata == {"k": 2, "j": {"a": [1]}}
+    assert result.post_permission_requests == (("net", "fetch"),)
+    assert result.final_content.startswith("01234") and "truncated" in result.final_content
+    assert result.tagged_contexts[0].render() == "[Hook: w | PostToolUse] Warning: big output"
+
+
+async def test_post_tool_use_failure_mutates_error_output() -> None:
+    h = Recorder("fix", MutateOutput(updated_content="try another tool"))
+    ctx = PostToolUseFailureContext(session_id="s1", tool_name="t", error_message="boom")
+    result = await registry(h).run_on_post_tool_use_failure(ctx)
+    assert result.final_content == "try another tool"
+    plain = await registry(Recorder("x")).run_on_post_tool_use_failure(ctx)
+    assert plain.final_content == "boom"
+
+
+async def test_session_start_hook_called() -> None:
+    h = Recorder("s", events=(HookEvent.ON_SESSION_START,))
+    other = Recorder("o", events=(PRE,))
+    reg = registry(h, other)
+    result = await reg.run_on_session_start(SessionStartContext(session_id="s1", turn_index=2))
+    assert result.called == ("s",)
+    assert [e for e, _ in h.calls] == [HookEvent.ON_SESSION_START]
+    assert other.calls == []
+
+
+async def test_new_lifecycle_events_called() -> None:
+    h = Recorder("all")
+    reg = registry(h)
+    await reg.run_on_subagent_start(SubagentStartContext(parent_session_id="s1", subagent_name="r"))
+    await reg.run_on_subagent_stop(SubagentStopContext(parent_session_id="s1", subagent_name="r"))
+    await reg.run_on_pre_compact(PreCompactContext(session_id="s1", message_count=40))
+    await reg.run_on_post_compact(PostCompactContext(session_id="s1", new_message_count=5))
+    await reg.run_on_step_complete(StepCompleteContext(session_id="s1", step=1, max_steps=9))
+    assert [e for e, _ in h.calls] == [
+        HookEvent.ON_SUBAGENT_START,
+        HookEvent.ON_SUBAGENT_STOP,
+        HookEvent.ON_PRE_COMPACT,
+        HookEvent.ON_POST_COMPACT,
+        HookEvent.ON_STEP_COMPLETE,
+    ]
+
+
+async def test_match_filter_skips_irrelevant() -> None:
+    files = Recorder("files", Block(reason="x"), match_filter=ToolMatchFilter.prefix("file_"))
+    env = Recorder(
+        "env", Block(reason="env"), match_filter=ToolMatchFilter.parse(["file_*"], ["path:.env"])
+    )
+    reg = registry(files, env)
+    result = await reg.run_pre_tool_use(pre("search_papers", path=".env"))
+    assert files.calls == [] and env.calls == [] and not result.is_blocked
+    result = await reg.run_pre_tool_use(pre("file_read", path="main.py"))
+    assert len(files.calls) == 1 and env.calls == []
+    result = await reg.run_pre_tool_use(pre("file_read", path="/app/.env"))
+    assert [e.hook_name for e in result.blocking_errors] == ["files", "env"]
+
+
+async def test_match_filter_does_not_apply_to_non_tool_events() -> None:
+    h = Recorder("h", match_filter=ToolMatchFilter.exact("nothing"))
+    await registry(h).run_on_step_complete(StepCompleteContext(session_id="s", step=1, max_steps=2))
+    assert len(h.calls) == 1
+
+
+async def test_full_hook_pipeline_integration() -> None:
+    """match_filter + TaggedContext + Warning + Metadata through one pre and one post dispatch."""
+    rewrite = Recorder(
+        "Rewrite",
+        MutateInput(updated_args={"path": "/safe/a.txt"}, additional_context="path rewritten"),
+        events=(PRE,),
+        match_filter=ToolMatchFilter.prefix("file_"),
+    )
+    warn = Recorder(
+        "Warner",
+        Warn(message="output mentions a secret"),
+        events=(HookEvent.POST_TOOL_USE,),
+        match_filter=ToolMatchFilter.parse(["file_*"], ["path:/safe"]),
+    )
+    meta = Recorder("Meta", Metadata(key="bytes", value=4), events=(HookEvent.POST_TOOL_USE,))
+    ignored = Recorder("Search", Block(reason="no"), match_filter=ToolMatchFilter.exact("search"))
+    reg = registry(rewrite, warn, meta, ignored)
+
+    pre_result = await reg.run_pre_tool_use(pre("file_read", path="/etc/passwd"))
+    assert pre_result.final_args == {"path": "/safe/a.txt"}
+    assert not pre_result.is_blocked
+    ctx = PostToolUseContext(
+        session_id="s1",
+        tool_name="file_read",
+        tool_args=pre_result.final_args,
+        output_content="data",
+    )
+    post_result = await reg.run_post_tool_use(ctx)
+    assert post_result.warnings == ("output mentions a secret",)
+    assert post_result.metadata == {"bytes": 4}
+    rendered = [t.render() for t in pre_result.tagged_contexts + post_result.tagged_contexts]
+    assert rendered == [
+        "[Hook: Rewrite | PreToolUse] path rewritten",
+        "[Hook: Warner | PostToolUse] Warning: output mentions a secret",
+    ]
+    assert ignored.calls == []
+
+
+async def test_session_hooks_answer_only_for_their_session_and_skip_match_filter() -> None:
+    reg = registry()
+    h = Recorder("temp", Block(reason="session says no"), match_filter=ToolMatchFilter.exact("x"))
+    reg.add_session_hook("s1", h)
+    assert (await reg.run_pre_tool_use(pre("anything"))).is_blocked
+    other = PreToolUseContext(session_id="s2", tool_name="anything")
+    assert not (await reg.run_pre_tool_use(other)).is_blocked
+    assert reg.remove_session_hook("s1", "temp") is True
+    assert reg.remove_session_hook("s1", "temp") is False
+    assert not (await reg.run_pre_tool_use(pre("anything"))).is_blocked
+
+
+async def test_session_hooks_cleared_by_clear_and_by_session_stop() -> None:
+    reg = registry()
+    reg.add_session_hook("s1", Recorder("a"))
+    reg.add_session_hook("s1", Recorder("b"))
+    with pytest.raises(ConfigError):
+        reg.add_session_hook("s1", Recorder("a"))
+    reg.clear_session_hooks("s1")
+    assert reg.session_hook_names("s1") == []
+    reg.add_session_hook("s1", Recorder("c"))
+    await reg.run_on_session_stop(SessionStopContext(session_id="s1"))
+    assert reg.session_hook_names("s1") == []
+
+
+async def test_session_stop_runs_hooks_in_order_one_at_a_time() -> None:
+    log: list[str] = []
+
+    class Step(Recorder):
+        async def on_session_stop(self, ctx: SessionStopContext) -> None:
+            log.append(f"{self.name}:start")
+            await asyncio.sleep(0.01)
+            log.append(f"{self.name}:end")
+
+    reg = registry(Step("one"), Step("two"), Step("three"))
+    await reg.run_on_session_stop(SessionStopContext(session_id="s1"))
+    assert log == ["one:start", "one:end", "two:start", "two:end", "three:start", "three:end"]
+
+
+async def test_hooks_of_one_event_run_in_parallel() -> None:
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+
+    class Wait(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            if peak == 3:
+                release.set()
+            await release.wait()
+            running -= 1
+
+    await registry(Wait("a"), Wait("b"), Wait("c"), hook_timeout_secs=5).run_pre_tool_use(pre())
+    assert peak == 3
+
+
+async def test_timed_out_hook_is_skipped_within_its_timeout_and_named() -> None:
+    slow = Recorder("Slow", Block(reason="too late"), delay=5.0, timeout=0.2)
+    fast = Recorder("Fast", MutateInput(updated_args={"ok": True}))
+    t0 = time.monotonic()
+    result = await registry(slow, fast).run_pre_tool_use(pre())
+    elapsed = time.monotonic() - t0
+    assert elapsed < 0.2 + 1.0  # the timeout plus a generous margin for a shared machine
+    assert not result.is_blocked
+    assert result.final_args == {"ok": True}
+    [skip] = result.skipped
+    assert (skip.hook_name, skip.kind, skip.enforced) == ("Slow", "timeout", False)
+    assert "0.2" in skip.detail
+
+
+async def test_default_timeout_comes_from_settings() -> None:
+    slow = Recorder("Slow", delay=5.0)
+    result = await registry(slow, hook_timeout_secs=0.1).run_pre_tool_use(pre())
+    assert [s.kind for s in result.skipped] == ["timeout"]
+
+
+def test_settings_read_hook_timeout_secs_from_env() -> None:
+    assert HookSettings.from_env({"HOOK_TIMEOUT_SECS": "2.5"}).hook_timeout_secs == 2.5
+    assert HookSettings.from_env({}).hook_timeout_secs == 30.0
+    with pytest.raises(ConfigError, match="HOOK_TIMEOUT_SECS"):
+        HookSettings.from_env({"HOOK_TIMEOUT_SECS": "soon"})
+    with pytest.raises(ConfigError):
+        HookSettings.from_env({"HOOK_TIMEOUT_SECS": "-1"})
+
+
+async def test_raising_hook_is_skipped_and_named() -> None:
+    bad = Recorder("Bad", raises=True)
+    good = Recorder("Good", Block(reason="policy"))
+    result = await registry(bad, good).run_pre_tool_use(pre())
+    assert result.blocking_errors[0].hook_name == "Good"
+    assert result.skipped[0].hook_name == "Bad" and "exploded" in result.skipped[0].detail
+
+
+async def test_fail_policy_turns_timeout_into_block_naming_the_hook() -> None:
+    strict = Recorder("Strict", delay=5.0, timeout=0.05, failure_policy="fail")
+    result = await registry(strict).run_pre_tool_use(pre())
+    assert isinstance(result.action, Block)
+    assert "Strict" in result.action.reason and "timed out" in result.action.reason
+    assert result.skipped[0].enforced
+
+
+async def test_fail_policy_turns_error_into_deny_that_no_override_lifts() -> None:
+    allow = Recorder("Allow", Override(decision=PermissionDecision.ALLOW, reason="fine"))
+    strict = Recorder("Strict", raises=True, failure_policy="fail")
+    ctx = PermissionRequestContext(session_id="s1", tool_name="run_bash")
+    result = await registry(allow, strict).run_on_permission_request(ctx)
+    assert isinstance(result.action, Override)
+    assert result.action.decision == PermissionDecision.DENY
+    assert result.overridden_by == "Strict" and "Strict" in result.action.reason
+
+
+async def test_fail_policy_on_notification_event_is_only_recorded() -> None:
+    strict = Recorder("Strict", raises=True, failure_policy="fail")
+    result = await registry(strict).run_on_step_complete(
+        StepCompleteContext(session_id="s", step=1, max_steps=2)
+    )
+    assert result.skipped[0].hook_name == "Strict" and not result.skipped[0].enforced
+
+
+async def test_wrong_answer_type_is_a_failure() -> None:
+    confused = Recorder("Confused", Override(decision=PermissionDecision.ALLOW))
+    result = await registry(confused).run_pre_tool_use(pre())
+    assert result.skipped[0].kind == "error" and "Override" in result.skipped[0].detail
+
+
+async def test_permission_request_override() -> None:
+    first = Recorder("First", Override(decision=PermissionDecision.ASK, reason="3 denials"))
+    ctx_hook = Recorder("Ctx", InjectContext(context="policy: ask for shell"))
+    second = Recorder("Second", Override(decision=PermissionDecision.ALLOW, reason="ignored"))
+    ctx = PermissionRequestContext(
+        session_id="s1", tool_name="run_bash", current_decision=PermissionDecision.ALLOW
+    )
+    result = await registry(first, ctx_hook, second).run_on_permission_request(ctx)
+    assert result.action == Override(decision=PermissionDecision.ASK, reason="3 denials")
+    assert result.overridden_by == "First"
+    assert len(second.calls) == 1  # later hooks still run; their Override is ignored
+    assert result.additional_contexts == ("policy: ask for shell",)
+
+
+async def test_permission_request_continue() -> None:
+    ctx = PermissionRequestContext(session_id="s1", tool_name="file_read")
+    result = await registry(Recorder("a"), Recorder("b")).run_on_permission_request(ctx)
+    assert result.action.__class__.__name__ == "Continue"
+    assert result.overridden_by is None
+
+
+async def test_permission_denied_fire_and_forget() -> None:
+    gate = asyncio.Event()
+
+    class Slow(Recorder):
+        async def on_permission_denied(self, ctx: PermissionDeniedContext) -> None:
+            self.calls.append((HookEvent.PERMISSION_DENIED, ctx))
+            await gate.wait()
+
+    h = Slow("Auditor")
+    reg = registry(h)
+    ctx = PermissionDeniedContext(
+        session_id="s1", tool_name="rm", reason="rule", source=PermissionDenialSource.RULE
+    )
+    assert await reg.run_on_permission_denied(ctx) is None  # returns before the hook finishes
+    assert not gate.is_set()
+    gate.set()
+    await reg.drain()
+    assert h.calls[0][1].source == PermissionDenialSource.RULE
+
+
+async def test_async_hook_dispatch() -> None:
+    gate = asyncio.Event()
+
+    class Gated(AsyncRecorder):
+        async def on_post_tool_use_async(self, ctx: PostToolUseContext) -> None:
+            await gate.wait()
+            await self._record(ctx)
+
+    a = Gated("RemoteLogger", events=(HookEvent.POST_TOOL_USE,))
+    reg = registry(Recorder("sync", MutateOutput(updated_content="x")))
+    reg.add_async(a)
+    result = await reg.run_post_tool_use(post())
+    assert result.final_content == "x"  # answered while the async hook is still waiting
+    assert a.seen == []
+    gate.set()
+    await asyncio.wait_for(a.done.wait(), 5)
+    assert a.seen[0].tool_name == "file_read"
+    await reg.run_on_step_complete(StepCompleteContext(session_id="s", step=1, max_steps=2))
+    await reg.drain()
+    assert len(a.seen) == 1  # not subscribed to OnStepComplete
+
+
+async def test_async_hook_timeout_is_counted_not_raised() -> None:
+    a = AsyncRecorder("Stuck", events=(HookEvent.POST_TOOL_USE,), delay=5)
+    reg = registry(async_timeout_secs=0.05)
+    reg.add_async(a)
+    await reg.run_post_tool_use(post())
+    await reg.drain()
+    assert reg.async_failures == 1 and a.seen == []
+
+
+async def test_wrong_context_type_is_a_clear_error() -> None:
+    with pytest.raises(ContextTypeError, match="PreToolUse takes a PreToolUseContext"):
+        await registry().run_pre_tool_use(post())  # type: ignore[arg-type]
+
+
+def test_registration_errors_are_clear() -> None:
+    reg = registry(Recorder("a"))
+    with pytest.raises(ConfigError, match="already registered"):
+        reg.add(Recorder("a"))
+    with pytest.raises(ConfigError, match="add_async"):
+        reg.add(AsyncRecorder("x"))  # type: ignore[arg-type]
+    with pytest.raises(UnknownEventError, match="PreToolUze"):
+        reg.add(Recorder("b", events=("PreToolUze",)))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="timeout"):
+        reg.add(Recorder("c", timeout=-1))
+    with pytest.raises(ConfigError, match="failure_policy"):
+        reg.add(Recorder("d", failure_policy="explode"))
+
+
+def test_event_names_are_the_specifications() -> None:
+    assert [e.value for e in HookEvent] == [
+        "OnSessionStart",
+        "PreToolUse",
+        "PostToolUse",
+        "PostToolUseFailure",
+        "OnStepComplete",
+        "OnSessionStop",
+        "OnSubagentStart",
+        "OnSubagentStop",
+        "OnPreCompact",
+        "OnPostCompact",
+        "PermissionRequest",
+        "PermissionDenied",
+    ]
+    assert HookEvent.parse("PreToolUse") is PRE
+    with pytest.raises(UnknownEventError):
+        HookEvent.parse("preToolUse")
