@@ -12,7 +12,8 @@ import abc
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bus.actions import (
@@ -51,6 +52,10 @@ from bus.settings import HookSettings
 
 log = logging.getLogger("hookbus.dispatch")
 
+#: Called after every dispatch with (event, context, outcomes in hook order, seconds taken).
+#: Timelines, tracing and metrics attach here; the core never knows they exist.
+DispatchObserver = Callable[[HookEvent, HookContext, Sequence[Outcome], float], None]
+
 
 def check_context(event: HookEvent, ctx: object) -> None:
     """Raise ContextTypeError unless ``ctx`` is the context type of ``event``."""
@@ -69,6 +74,7 @@ class EventRunner(abc.ABC):
     def __init__(self, settings: HookSettings | None = None) -> None:
         self.settings = settings if settings is not None else HookSettings.from_env()
         self._background: set[asyncio.Task[Any]] = set()
+        self.observers: list[DispatchObserver] = []
 
     # -- what a mode provides ---------------------------------------------------------------
 
@@ -114,7 +120,14 @@ class EventRunner(abc.ABC):
     ) -> list[Outcome]:
         check_context(event, ctx)
         self.fire_async(event, ctx)
-        return await self.gather(event, ctx, sequential=sequential)
+        if not self.observers:
+            return await self.gather(event, ctx, sequential=sequential)
+        t0 = time.perf_counter()
+        outcomes = await self.gather(event, ctx, sequential=sequential)
+        seconds = time.perf_counter() - t0
+        for observe in self.observers:
+            observe(event, ctx, outcomes, seconds)
+        return outcomes
 
     async def _notify(
         self, event: HookEvent, ctx: HookContext, sequential: bool = False
