@@ -1,0 +1,1 @@
+"""HookBus benchmarks: ``python -m bench`` runs them all."""
