@@ -152,9 +152,10 @@ class ToolExecutor:
             return await self._failed_before_run(
                 session_id, call, raw_args, problem, step, agent_name
             )
-        if (problem := tool.validate(call.args)) is not None:
+        invalid = tool.validate(call.args)
+        if invalid is not None:
             return await self._failed_before_run(
-                session_id, call, raw_args, problem, step, agent_name
+                session_id, call, raw_args, invalid, step, agent_name
             )
 
         out = _Call(message=ToolMessage(call.id, call.name, ""))

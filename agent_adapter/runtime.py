@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from agent_adapter.executor import Approver, Denial, ToolExecutor
+from agent_adapter.executor import Approver, Denial, ToolExecutor, ToolMessage
 from agent_adapter.llm import ChatMessage, ScriptedLLM
 from agent_adapter.permissions import PermissionChecker, ToolKind
 from agent_adapter.tools import Tool, Toolbox, ToolFailed
@@ -47,7 +47,8 @@ class TurnResult(msgspec.Struct, kw_only=True):
     answer: str
     terminal: TurnTerminal
     steps: int
-    messages: list[ChatMessage]
+    messages: list[ChatMessage]  # the conversation as it ended (after any compaction)
+    tool_messages: list[ToolMessage]  # every tool result of the turn, in order
     reminders: list[str]
     denials: list[Denial]
     blocking_errors: list[BlockingError]
@@ -127,6 +128,7 @@ class AgentRuntime:
             terminal=TurnTerminal.ERROR,
             steps=0,
             messages=[ChatMessage("system", self.system_prompt), ChatMessage("user", question)],
+            tool_messages=[],
             reminders=[],
             denials=[],
             blocking_errors=[],
@@ -173,6 +175,7 @@ class AgentRuntime:
             )
             for m in executed.messages:
                 messages.append(ChatMessage("tool", m.content, m.tool_name))
+            turn.tool_messages.extend(executed.messages)
             dedup = ContextDeduplicator()
             for ctx in executed.hook_contexts:
                 if not dedup.is_duplicate(ctx):
@@ -260,18 +263,21 @@ class AgentRuntime:
 def compress_with_fallback(messages: list[ChatMessage], keep_recent: int, token_limit: int) -> str:
     """Shrink ``messages`` in place; returns the method used ("summary" or "truncate").
 
-    Keeps the system prompt, the question and the most recent messages; the middle becomes one
-    summary message, or is dropped if even the summary would not fit.
+    Keeps the system prompt, the question and the most recent messages, and replaces the middle
+    with a one-line-per-message summary. If that does not fit (or there is no middle), long
+    messages are cut until the conversation fits the limit.
     """
     head, tail = messages[:2], messages[2:][-keep_recent:]
     middle = messages[2 : len(messages) - len(tail)]
-    lines = [f"- {m.role}{'/' + m.name if m.name else ''}: {m.content[:60]}" for m in middle]
-    summary = ChatMessage(
-        "user", f"<summary of {len(middle)} earlier messages>\n" + "\n".join(lines)
-    )
-    method = "summary"
-    if estimate_tokens([*head, summary, *tail]) > token_limit:
-        summary = ChatMessage("user", f"<{len(middle)} earlier messages dropped>")
-        method = "truncate"
-    messages[:] = [*head, summary, *tail]
-    return method
+    if middle:
+        lines = [f"- {m.role}{'/' + m.name if m.name else ''}: {m.content[:60]}" for m in middle]
+        summary = f"<summary of {len(middle)} earlier messages>\n" + "\n".join(lines)
+        messages[:] = [*head, ChatMessage("user", summary), *tail]
+        if estimate_tokens(messages) <= token_limit:
+            return "summary"
+        messages[2] = ChatMessage("user", f"<{len(middle)} earlier messages dropped>")
+    budget = max(80, token_limit * 4 // max(1, len(messages)))
+    for m in messages[1:]:
+        if len(m.content) > budget:
+            m.content = m.content[:budget] + " …[cut by compaction]"
+    return "truncate"

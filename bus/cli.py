@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 
 def _demo(args: argparse.Namespace) -> int:
-    print("hookbus demo: the scripted agent session arrives with the embedded runtime (issue 3).")
-    return 0
+    from agent_adapter.demo import main as demo_main
+
+    return demo_main(sys.stdout)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ from bus import (
     PostToolUseFailureContext,
     PreToolUseAction,
     PreToolUseContext,
+    SessionStopContext,
     ToolMatchFilter,
     Warn,
 )
@@ -143,7 +144,7 @@ class EventCounter(AsyncAgentHook):
     async def on_post_tool_use_failure_async(self, ctx: PostToolUseFailureContext) -> None:
         self._count(HookEvent.POST_TOOL_USE_FAILURE, ctx)
 
-    async def on_session_stop_async(self, ctx: HookContext) -> None:  # type: ignore[override]
+    async def on_session_stop_async(self, ctx: SessionStopContext) -> None:
         self._count(HookEvent.ON_SESSION_STOP, ctx)
 
 
