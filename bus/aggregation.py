@@ -101,6 +101,11 @@ def skipped_of(event: HookEvent, outcomes: Sequence[Outcome]) -> tuple[SkippedHo
     )
 
 
+def _all_continue(outcomes: Sequence[Outcome]) -> bool:
+    """The common case: every hook answered Continue (or nothing) — nothing to aggregate."""
+    return all(o.failure is None and (o.action is None or type(o.action) is Continue) for o in outcomes)
+
+
 def _tag(name: str, event: HookEvent, content: str, now: dt.datetime) -> TaggedContext:
     return TaggedContext(name, event, content, now)
 
@@ -109,6 +114,8 @@ def aggregate_pre_tool_use(
     tool_args: dict[str, Any], outcomes: Sequence[Outcome], now: dt.datetime
 ) -> PreToolUseResult:
     """Aggregate PreToolUse answers given in hook order."""
+    if _all_continue(outcomes):
+        return PreToolUseResult(action=CONTINUE, final_args=tool_args)
     event = HookEvent.PRE_TOOL_USE
     args = tool_args
     mutated = False
@@ -162,6 +169,8 @@ def aggregate_post_tool_use(
     truncate_chars: int,
 ) -> PostToolUseResult:
     """Aggregate PostToolUse or PostToolUseFailure answers given in hook order."""
+    if _all_continue(outcomes):
+        return PostToolUseResult(final_content=content)
     warnings: list[str] = []
     contexts: list[str] = []
     tagged: list[TaggedContext] = []
