@@ -103,7 +103,9 @@ def skipped_of(event: HookEvent, outcomes: Sequence[Outcome]) -> tuple[SkippedHo
 
 def _all_continue(outcomes: Sequence[Outcome]) -> bool:
     """The common case: every hook answered Continue (or nothing) — nothing to aggregate."""
-    return all(o.failure is None and (o.action is None or type(o.action) is Continue) for o in outcomes)
+    return all(
+        o.failure is None and (o.action is None or type(o.action) is Continue) for o in outcomes
+    )
 
 
 def _tag(name: str, event: HookEvent, content: str, now: dt.datetime) -> TaggedContext:
