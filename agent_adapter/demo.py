@@ -187,7 +187,7 @@ def report(
     print(f"\nasync hook EventCounter saw: {async_counts}", file=out)
 
 
-def main(out: TextIO) -> int:
+def main(out: TextIO, *, redis_url: str | None = None, embedded: bool = True) -> int:
     # The timeline already shows blocks, warnings and denials; keep the log for real trouble.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="hookbus-demo-") as tmp:

@@ -6,8 +6,10 @@
     ├── InvalidInputError           bad input to the public API (also a ValueError)
     │   ├── UnknownEventError       an event name that is not one of the 12
     │   ├── PatternError            a malformed tool-name or content pattern
-    │   └── ContextTypeError        a context of the wrong type for the event (also a TypeError)
+    │   ├── ContextTypeError        a context of the wrong type for the event (also a TypeError)
+    │   └── ProtocolError           a wire message that does not fit the protocol (names the field)
     ├── ConfigError                 a setting that cannot be used (bad env var, bad hook class)
+    ├── TransportError              Redis could not be reached or answered with an error
     └── HookFailure                 one hook call that did not answer
         ├── HookTimeout             it ran past its timeout
         ├── HookCrashed             it raised
@@ -45,8 +47,24 @@ class ContextTypeError(InvalidInputError, TypeError):
     """A context object of the wrong type for the event it was dispatched with."""
 
 
+class ProtocolError(InvalidInputError):
+    """A message from the wire that does not fit the protocol.
+
+    Attributes:
+        field: JSON path of the offending field (``$.context.tool_name``), or "" if unknown.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ConfigError(HookBusError):
     """A setting or hook declaration that cannot be used."""
+
+
+class TransportError(HookBusError):
+    """Redis could not be reached, or refused a command."""
 
 
 class HookFailure(HookBusError):

@@ -49,3 +49,68 @@ class HookSettings(msgspec.Struct, frozen=True, kw_only=True):
             async_timeout_secs=_positive(env, "HOOKBUS_ASYNC_TIMEOUT_SECS", 5.0),
             truncate_chars=int(_positive(env, "HOOKBUS_TRUNCATE_CHARS", 2000)),
         )
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a whole number") from None
+    if value <= 0:
+        raise ConfigError(f"{key}={raw!r} must be positive")
+    return value
+
+
+class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the distributed mode talks to Redis.
+
+    Attributes:
+        redis_url: ``HOOKBUS_REDIS_URL`` (``redis://`` or ``rediss://``).
+        prefix: ``HOOKBUS_PREFIX`` for every key (default ``hookbus``).
+        heartbeat_secs: how often a worker refreshes its heartbeat (``HOOKBUS_HEARTBEAT_SECS``, 1).
+        liveness_secs: a replica without a heartbeat for this long is dead
+            (``HOOKBUS_LIVENESS_SECS``, 3).
+        claim_idle_secs: a request pending this long on a silent replica is taken over by
+            another (``HOOKBUS_CLAIM_IDLE_SECS``, 1).
+        events_maxlen: approximate length the events stream is trimmed to
+            (``HOOKBUS_EVENTS_MAXLEN``, 100000).
+        requests_maxlen: the same for each hook's request stream (``HOOKBUS_REQUESTS_MAXLEN``,
+            10000).
+        session_ttl_secs: how long session hooks and cancellations outlive their last use
+            (``HOOKBUS_SESSION_TTL_SECS``, 3600).
+        refresh_secs: how often a coordinator re-reads the hook directory
+            (``HOOKBUS_REFRESH_SECS``, 1).
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "hookbus"
+    heartbeat_secs: float = 1.0
+    liveness_secs: float = 3.0
+    claim_idle_secs: float = 1.0
+    events_maxlen: int = 100_000
+    requests_maxlen: int = 10_000
+    session_ttl_secs: int = 3600
+    refresh_secs: float = 1.0
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, redis_url: str | None = None
+    ) -> BusSettings:
+        env = os.environ if env is None else env
+        url = redis_url or env.get("HOOKBUS_REDIS_URL") or cls.redis_url
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
+        return cls(
+            redis_url=url,
+            prefix=env.get("HOOKBUS_PREFIX") or "hookbus",
+            heartbeat_secs=_positive(env, "HOOKBUS_HEARTBEAT_SECS", 1.0),
+            liveness_secs=_positive(env, "HOOKBUS_LIVENESS_SECS", 3.0),
+            claim_idle_secs=_positive(env, "HOOKBUS_CLAIM_IDLE_SECS", 1.0),
+            events_maxlen=_int(env, "HOOKBUS_EVENTS_MAXLEN", 100_000),
+            requests_maxlen=_int(env, "HOOKBUS_REQUESTS_MAXLEN", 10_000),
+            session_ttl_secs=_int(env, "HOOKBUS_SESSION_TTL_SECS", 3600),
+            refresh_secs=_positive(env, "HOOKBUS_REFRESH_SECS", 1.0),
+        )

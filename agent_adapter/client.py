@@ -1,0 +1,81 @@
+"""``HookClient``: what a Python agent embeds to use hook services over Redis.
+
+It has the same ``run_*`` API as ``HookRegistry``, so the reference runtime switches mode by
+configuration only. Every lifecycle event is published to ``{p}:events``; synchronous decisions
+come from the hook services through the coordinator that runs inside the client.
+"""
+
+from __future__ import annotations
+
+from bus import NotifyResult, SessionStopContext, StepCompleteContext
+from bus.coordinator import Coordinator
+from bus.keys import check_name
+from bus.protocol import ControlMessage, encode
+from bus.settings import BusSettings, HookSettings
+
+
+class HookClient(Coordinator):
+    """A coordinator in the agent's process, plus session hooks and cancellation.
+
+    Use as ``async with HookClient(BusSettings.from_env()) as hooks: ...``.
+    """
+
+    def __init__(
+        self,
+        settings: BusSettings | None = None,
+        hook_settings: HookSettings | None = None,
+        *,
+        source: str = "",
+    ) -> None:
+        super().__init__(settings or BusSettings.from_env(), hook_settings, source=source)
+
+    async def add_session_hook(self, session_id: str, hook_name: str) -> None:
+        """Attach the hook service ``hook_name`` to one session (expires with the session)."""
+        check_name("hook name", hook_name)
+        key = self.keys.session_hooks(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(key, hook_name)
+            pipe.expire(key, self.bus.session_ttl_secs)
+            pipe.publish(
+                self.keys.control, encode(ControlMessage(type="session", session_id=session_id))
+            )
+            await pipe.execute()
+        self.forget_session(session_id)
+
+    async def remove_session_hook(self, session_id: str, hook_name: str) -> bool:
+        removed = await self.redis.srem(self.keys.session_hooks(session_id), hook_name)
+        await self._announce_session(session_id)
+        return bool(removed)
+
+    async def clear_session_hooks(self, session_id: str) -> None:
+        await self.redis.delete(self.keys.session_hooks(session_id))
+        await self._announce_session(session_id)
+
+    async def _announce_session(self, session_id: str) -> None:
+        self.forget_session(session_id)
+        await self.redis.publish(
+            self.keys.control, encode(ControlMessage(type="session", session_id=session_id))
+        )
+
+    async def run_on_step_complete(self, ctx: StepCompleteContext) -> NotifyResult:
+        result = await super().run_on_step_complete(ctx)
+        if self._session_hooks.get(ctx.session_id):  # keep a live session's hooks from expiring
+            self.spawn(
+                self.redis.expire(
+                    self.keys.session_hooks(ctx.session_id), self.bus.session_ttl_secs
+                )
+            )
+        return result
+
+    async def run_on_session_stop(self, ctx: SessionStopContext) -> NotifyResult:
+        """Run OnSessionStop hooks in order, then detach the session's hooks."""
+        try:
+            return await super().run_on_session_stop(ctx)
+        finally:
+            if self._session_hooks.get(ctx.session_id):
+                await self.clear_session_hooks(ctx.session_id)
+            self.forget_session(ctx.session_id)
+
+    async def cancel(self, session_id: str) -> None:
+        """Cancel a session wherever its agent runs (its next tool call is blocked)."""
+        await self.redis.set(self.keys.cancelled(session_id), b"1", ex=self.bus.session_ttl_secs)

@@ -1,0 +1,103 @@
+"""The coordinator's live view of registered hook services: manifests and live replicas.
+
+Refreshed every ``refresh_secs`` from ``{p}:hooks`` and each hook's replica set, and at once
+when a ``{p}:control`` announcement arrives. A hook whose manifest is malformed is left out,
+logged and counted — it never breaks the view of the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from bus.dispatch import Endpoint
+from bus.errors import InvalidInputError
+from bus.events import HookEvent
+from bus.hooks import HookSpec
+from bus.keys import Keys
+from bus.protocol import HookManifest, decode, now_ms
+
+log = logging.getLogger("hookbus.directory")
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteTarget:
+    """A hook service as a dispatch target."""
+
+    spec: HookSpec
+    order: tuple[int, int]
+    endpoint: Endpoint = field(repr=False)
+    manifest: HookManifest
+    replicas: int
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class HookDirectory:
+    """Manifests and replica counts of every registered hook, indexed by event."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        liveness_secs: float,
+        endpoint_for: Callable[[str], Endpoint],
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._liveness_ms = int(liveness_secs * 1000)
+        self._endpoint_for = endpoint_for
+        self.by_name: dict[str, RemoteTarget] = {}
+        self.by_event: dict[HookEvent, list[RemoteTarget]] = {e: [] for e in HookEvent}
+        self.async_hooks: dict[str, HookManifest] = {}
+        self.malformed = 0
+
+    async def refresh(self) -> None:
+        """Re-read every manifest and count live replicas (two round trips)."""
+        raw = await self._redis.hgetall(self._keys.hooks)
+        manifests: list[HookManifest] = []
+        for name, data in raw.items():
+            try:
+                manifest = decode(data, HookManifest)
+                if manifest.name != _text(name):
+                    raise InvalidInputError(f"manifest under {name!r} names {manifest.name!r}")
+                manifest.spec()  # validates its patterns
+            except InvalidInputError as exc:
+                self.malformed += 1
+                log.warning("ignoring malformed manifest for hook %r: %s", name, exc)
+                continue
+            manifests.append(manifest)
+        live_since = now_ms() - self._liveness_ms
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for m in manifests:
+                pipe.zcount(self._keys.replicas(m.name), live_since, "+inf")
+            counts = await pipe.execute()
+        self._rebuild(manifests, counts)
+
+    def _rebuild(self, manifests: list[HookManifest], counts: list[int]) -> None:
+        by_name: dict[str, RemoteTarget] = {}
+        async_hooks: dict[str, HookManifest] = {}
+        for m, count in zip(manifests, counts, strict=True):
+            if m.kind == "async":
+                async_hooks[m.name] = m
+                continue
+            spec = m.spec()
+            order = (spec.priority, m.registered_at)
+            by_name[m.name] = RemoteTarget(spec, order, self._endpoint_for(m.name), m, int(count))
+        by_event: dict[HookEvent, list[RemoteTarget]] = {e: [] for e in HookEvent}
+        for target in sorted(by_name.values(), key=lambda t: (t.order, t.spec.name)):
+            if target.manifest.scope != "global":
+                continue
+            for event in HookEvent:
+                if target.spec.subscribes(event):
+                    by_event[event].append(target)
+        self.by_name, self.by_event, self.async_hooks = by_name, by_event, async_hooks
+
+    def live(self, name: str) -> bool:
+        target = self.by_name.get(name)
+        return target is not None and target.replicas > 0

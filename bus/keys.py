@@ -1,0 +1,73 @@
+"""Every Redis key and channel HookBus uses, under one configurable prefix (default ``hookbus``).
+
+Each command touches one key, so that keys can live on different Redis Cluster slots; the
+per-session and per-hook keys are the unit a later step partitions by.
+
+========================================  ======  =================================================
+key                                       type    holds
+========================================  ======  =================================================
+``{p}:events``                            stream  every lifecycle event (bounded, see protocol.md)
+``{p}:hooks``                             hash    hook name → manifest (JSON)
+``{p}:hook:{name}:requests``              stream  requests for one sync hook; group ``workers``
+``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (epoch ms)
+``{p}:inbox:{id}``                        list    replies for one coordinator or one client
+``{p}:decisions``                         stream  decision requests for the coordinator service;
+                                                  group ``coordinators``
+``{p}:session:{sid}:hooks``               set     names of hooks attached to one session (TTL)
+``{p}:cancelled:{sid}``                   string  present while a session is cancelled (TTL)
+``{p}:control``                           pubsub  announcements: manifests, replicas, sessions
+``{p}:dlq``                               stream  dead letters: malformed or undeliverable messages
+========================================  ======  =================================================
+"""
+
+from __future__ import annotations
+
+import re
+
+from bus.errors import ConfigError
+
+WORKERS_GROUP = "workers"
+COORDINATORS_GROUP = "coordinators"
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Hook names, prefixes and ids become parts of keys: letters, digits, ``_ . -`` only."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigError(
+            f"{kind} {value!r} must be 1-128 characters of letters, digits, '_', '.' or '-'"
+        )
+    return value
+
+
+class Keys:
+    """Key names under one prefix."""
+
+    __slots__ = ("control", "decisions", "dlq", "events", "hooks", "prefix")
+
+    def __init__(self, prefix: str = "hookbus") -> None:
+        self.prefix = check_name("key prefix", prefix)
+        self.events = f"{prefix}:events"
+        self.hooks = f"{prefix}:hooks"
+        self.decisions = f"{prefix}:decisions"
+        self.control = f"{prefix}:control"
+        self.dlq = f"{prefix}:dlq"
+
+    def requests(self, hook: str) -> str:
+        return f"{self.prefix}:hook:{hook}:requests"
+
+    def replicas(self, hook: str) -> str:
+        return f"{self.prefix}:hook:{hook}:replicas"
+
+    def inbox(self, owner: str) -> str:
+        return f"{self.prefix}:inbox:{owner}"
+
+    def is_inbox(self, key: str) -> bool:
+        """Replies may only be pushed to inbox keys, never to a key a message names at will."""
+        return key.startswith(f"{self.prefix}:inbox:") and len(key) <= 300
+
+    def session_hooks(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}:hooks"
+
+    def cancelled(self, session_id: str) -> str:
+        return f"{self.prefix}:cancelled:{session_id}"

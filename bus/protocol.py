@@ -1,0 +1,216 @@
+"""The wire protocol: plain JSON messages, produced and checked by msgspec.
+
+Every message is one JSON object. On a Redis stream it is the value of the entry's single field
+``data``; on a list (an inbox) it is the element itself. See ``docs/protocol.md`` for the keys,
+sequences and examples. Rules: ``v`` is the protocol's major version (a message with another
+``v`` is rejected); new fields get defaults and go last; unknown fields are ignored; a field is
+never retyped. Every envelope carries an id, a timestamp (epoch milliseconds) and W3C trace
+context (``traceparent``, ``tracestate``; empty when the sender does not trace).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from bus.actions import HookAction
+from bus.errors import ProtocolError
+from bus.events import CONTEXT_TYPES, HookContext, HookEvent
+from bus.hooks import FailurePolicy, HookSpec
+from bus.matcher import ToolMatchFilter
+
+PROTOCOL_VERSION = 1
+#: Largest message accepted from the wire (bytes).
+MAX_MESSAGE_BYTES = 1_048_576
+#: The stream entry field that holds the JSON message.
+DATA_FIELD = "data"
+
+T = TypeVar("T")
+
+
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    v: int = PROTOCOL_VERSION
+    id: str
+    ts: int
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+class EventMessage(_Envelope, frozen=True, kw_only=True):
+    """One lifecycle event, as published to ``{p}:events``."""
+
+    event: HookEvent
+    session_id: str
+    context: msgspec.Raw
+    source: str = ""
+
+
+class HookRequest(_Envelope, frozen=True, kw_only=True):
+    """A coordinator asks one sync hook for its answer (``{p}:hook:{name}:requests``)."""
+
+    hook: str
+    event: HookEvent
+    session_id: str
+    context: msgspec.Raw
+    deadline: int  # epoch ms; a worker drops the request once it has passed
+    reply_to: str  # the list key to push the HookReply to
+    event_id: str = ""
+
+
+class HookReply(_Envelope, frozen=True, kw_only=True):
+    """A hook's answer, pushed to the requester's inbox."""
+
+    request_id: str
+    hook: str
+    replica: str = ""
+    status: Literal["ok", "error"] = "ok"
+    action: HookAction | None = None
+    error: str = ""
+    elapsed_ms: float = 0.0
+
+
+class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a hook service declares about itself (``{p}:hooks``)."""
+
+    name: str
+    kind: Literal["sync", "async"] = "sync"
+    events: list[HookEvent] = msgspec.field(default_factory=list)  # empty = every event
+    tool_names: list[str] = msgspec.field(default_factory=list)  # ToolNamePattern strings
+    tool_content: list[str] = msgspec.field(default_factory=list)  # content patterns
+    timeout: float | None = None
+    failure_policy: FailurePolicy = "ignore"
+    priority: int = 0
+    protocol_version: int = PROTOCOL_VERSION
+    registered_at: int = 0  # epoch ms of first registration: the tie-break of hook order
+    # "session": called only for sessions that attach it by name, never globally.
+    scope: Literal["global", "session"] = "global"
+
+    def spec(self) -> HookSpec:
+        """The dispatcher's view of this hook (raises PatternError on bad patterns)."""
+        return HookSpec(
+            name=self.name,
+            events=frozenset(self.events),
+            timeout=self.timeout,
+            match_filter=ToolMatchFilter.parse(self.tool_names, self.tool_content),
+            priority=self.priority,
+            failure_policy=self.failure_policy,
+        )
+
+    @classmethod
+    def of(
+        cls,
+        spec: HookSpec,
+        kind: Literal["sync", "async"],
+        registered_at: int,
+        scope: Literal["global", "session"] = "global",
+    ) -> HookManifest:
+        names, content = spec.match_filter.to_strings()
+        return cls(
+            name=spec.name,
+            kind=kind,
+            events=sorted(spec.events),
+            tool_names=names,
+            tool_content=content,
+            timeout=spec.timeout,
+            failure_policy=spec.failure_policy,
+            priority=spec.priority,
+            registered_at=registered_at,
+            scope=scope,
+        )
+
+
+class DecisionRequest(_Envelope, frozen=True, kw_only=True):
+    """An agent (any language) asks the coordinator service to dispatch one event."""
+
+    event: HookEvent
+    context: msgspec.Raw
+    reply_to: str  # list key for the DecisionReply
+    timeout_ms: int = 30_000  # how long the agent will wait; the dispatch stays within it
+
+
+class DecisionReply(_Envelope, frozen=True, kw_only=True):
+    """The coordinator service's answer: the aggregated result, or an error naming the field."""
+
+    request_id: str
+    event: HookEvent | None = None
+    status: Literal["ok", "error"] = "ok"
+    result: Any = None  # PreToolUseResult | PostToolUseResult | PermissionRequestResult | …
+    error: str = ""
+    field: str = ""
+
+
+class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """Announcements on ``{p}:control`` that make coordinators refresh at once."""
+
+    type: Literal["manifest", "deregister", "session"]
+    name: str = ""
+    replica: str = ""
+    session_id: str = ""
+
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_PATH = re.compile(r" - at `([^`]*)`$")
+
+
+def encode(message: Any) -> bytes:
+    """One message as JSON bytes."""
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | str, kind: type[T]) -> T:
+    """Parse and check one message; raise ProtocolError naming the field on any problem."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(
+            f"{kind.__name__} of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit"
+        )
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    try:
+        message: T = decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise _protocol_error(kind.__name__, exc) from exc
+    version = getattr(message, "v", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{kind.__name__} has protocol version {version}; this side speaks {PROTOCOL_VERSION}",
+            "$.v",
+        )
+    return message
+
+
+def _protocol_error(what: str, exc: msgspec.DecodeError) -> ProtocolError:
+    text = str(exc)
+    match = _PATH.search(text)
+    return ProtocolError(f"malformed {what}: {text}", match.group(1) if match else "")
+
+
+def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
+    """The context of ``event`` from its raw JSON; errors name ``$.context.<field>``."""
+    kind = CONTEXT_TYPES[event]
+    try:
+        ctx: HookContext = msgspec.json.decode(bytes(raw), type=kind)  # type: ignore[assignment]
+    except msgspec.DecodeError as exc:
+        err = _protocol_error(f"{event.value} context", exc)
+        err.field = err.field.replace("$", "$.context", 1) if err.field else "$.context"
+        raise err from exc
+    return ctx
+
+
+def raw(ctx: HookContext) -> msgspec.Raw:
+    """A context ready to embed in an envelope."""
+    return msgspec.Raw(_encoder.encode(ctx))
+
+
+def new_id() -> str:
+    """A random 128-bit id, hex."""
+    return os.urandom(16).hex()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000

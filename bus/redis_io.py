@@ -1,0 +1,67 @@
+"""Small typed helpers over redis-py shared by the coordinator and the worker services."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from bus.keys import Keys
+from bus.protocol import now_ms
+from bus.settings import BusSettings
+
+log = logging.getLogger("hookbus.redis")
+
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+#: Errors that mean "Redis is not reachable right now": retry later, never crash.
+UNREACHABLE = (RedisError, OSError)
+
+
+def connect(settings: BusSettings) -> Redis:
+    """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand."""
+    return Redis.from_url(
+        settings.redis_url,
+        socket_connect_timeout=2,
+        socket_timeout=10,
+        health_check_interval=0,
+        retry_on_timeout=False,
+    )
+
+
+async def ensure_group(redis: Redis, stream: str, group: str, start: str = "$") -> None:
+    """Create ``group`` on ``stream`` (and the stream) unless it exists."""
+    try:
+        await redis.xgroup_create(stream, group, id=start, mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+async def read_group(
+    redis: Redis, group: str, consumer: str, stream: str, *, count: int, block_ms: int
+) -> list[Entry]:
+    """New entries for ``consumer`` (XREADGROUP … >), or [] after ``block_ms``."""
+    response: Any = await redis.xreadgroup(
+        group, consumer, {stream: ">"}, count=count, block=block_ms
+    )
+    entries: list[Entry] = []
+    for _, batch in response or ():
+        entries.extend(cast(list[Entry], batch))
+    return entries
+
+
+async def dead_letter(redis: Redis, keys: Keys, source: str, reason: str, data: Any) -> None:
+    """Keep a message nobody could use, with why, in ``{p}:dlq`` (bounded)."""
+    entry: dict[Any, Any] = {
+        "source": source,
+        "reason": reason[:2000],
+        "data": data if isinstance(data, bytes | str) else repr(data),
+        "ts": str(now_ms()),
+    }
+    try:
+        await redis.xadd(keys.dlq, entry, maxlen=100_000, approximate=True)
+    except UNREACHABLE as exc:
+        log.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)

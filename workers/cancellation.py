@@ -1,0 +1,50 @@
+"""The distributed CancellationHook: the cancelled-session set lives in Redis.
+
+``hookbus cancel SESSION_ID`` sets ``{p}:cancelled:{sid}``; this hook, served by
+``hookbus worker workers.cancellation:RedisCancellationHook``, blocks that session's next tool
+call wherever its agent runs, and forgets the session at OnSessionStop.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from bus import (
+    CONTINUE,
+    AgentHook,
+    Block,
+    HookEvent,
+    PreToolUseAction,
+    PreToolUseContext,
+    SessionStopContext,
+)
+from bus.keys import Keys
+from bus.redis_io import connect
+from bus.settings import BusSettings
+
+
+class RedisCancellationHook(AgentHook):
+    """Blocks every tool call of a session cancelled through Redis."""
+
+    name = "CancellationHook"
+    subscribed_events = (HookEvent.PRE_TOOL_USE, HookEvent.ON_SESSION_STOP)
+    failure_policy = "fail"  # if we cannot tell whether it was cancelled, do not run the tool
+
+    def __init__(self, settings: BusSettings | None = None) -> None:
+        self.settings = settings or BusSettings.from_env()
+        self.keys = Keys(self.settings.prefix)
+        self._redis: Redis | None = None
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            self._redis = connect(self.settings)
+        return self._redis
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
+        if await self.redis.exists(self.keys.cancelled(ctx.session_id)):
+            return Block(reason=f"session {ctx.session_id} was cancelled by the user")
+        return CONTINUE
+
+    async def on_session_stop(self, ctx: SessionStopContext) -> None:
+        await self.redis.delete(self.keys.cancelled(ctx.session_id))

@@ -1,0 +1,183 @@
+"""``hookbus coordinator``: decisions for agents written in any language.
+
+An agent XADDs a ``DecisionRequest`` to ``{p}:decisions`` (field ``data``, JSON) and waits on
+the list named in its ``reply_to``. Replicas of this service share the consumer group
+``coordinators``; each request is dispatched with the same Coordinator (and so the same
+semantics) a Python agent embeds, and answered with a ``DecisionReply``. A request that breaks
+the protocol gets an error reply that names the field when its ``reply_to`` can be read, and
+goes to the dead-letter stream otherwise; the service never stops because of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+from redis.exceptions import RedisError, ResponseError
+
+from bus.coordinator import Coordinator
+from bus.errors import InvalidInputError, ProtocolError
+from bus.events import HookEvent
+from bus.keys import COORDINATORS_GROUP
+from bus.protocol import (
+    DATA_FIELD,
+    DecisionReply,
+    DecisionRequest,
+    decode,
+    decode_context,
+    encode,
+    new_id,
+    now_ms,
+)
+from bus.redis_io import dead_letter, ensure_group, read_group
+from bus.runner import check_context
+from bus.settings import BusSettings, HookSettings
+from workers.worker import REPLY_TTL_MS
+
+log = logging.getLogger("hookbus.coordinator.service")
+
+_RUN = {
+    HookEvent.ON_SESSION_START: "run_on_session_start",
+    HookEvent.PRE_TOOL_USE: "run_pre_tool_use",
+    HookEvent.POST_TOOL_USE: "run_post_tool_use",
+    HookEvent.POST_TOOL_USE_FAILURE: "run_on_post_tool_use_failure",
+    HookEvent.ON_STEP_COMPLETE: "run_on_step_complete",
+    HookEvent.ON_SESSION_STOP: "run_on_session_stop",
+    HookEvent.ON_SUBAGENT_START: "run_on_subagent_start",
+    HookEvent.ON_SUBAGENT_STOP: "run_on_subagent_stop",
+    HookEvent.ON_PRE_COMPACT: "run_on_pre_compact",
+    HookEvent.ON_POST_COMPACT: "run_on_post_compact",
+    HookEvent.PERMISSION_REQUEST: "run_on_permission_request",
+    HookEvent.PERMISSION_DENIED: "run_on_permission_denied",
+}
+
+
+class _ReplyTo(msgspec.Struct):
+    """Just enough of a broken request to answer it."""
+
+    id: str = ""
+    reply_to: str = ""
+
+
+class CoordinatorService:
+    """One replica of the coordinator service."""
+
+    def __init__(self, settings: BusSettings, hook_settings: HookSettings | None = None) -> None:
+        self.coordinator = Coordinator(settings, hook_settings, source="coordinator-service")
+        self.keys = self.coordinator.keys
+        self.redis = self.coordinator.redis
+        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.ready = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.coordinator.start()
+        try:
+            await self._ensure_group()
+            self.ready.set()
+            log.info("coordinator %s answering %s", self.coordinator.id, self.keys.decisions)
+            await self._loop(stop)
+        finally:
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=30)
+            await self.coordinator.close()
+            log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
+
+    async def _ensure_group(self) -> None:
+        await ensure_group(self.redis, self.keys.decisions, COORDINATORS_GROUP)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                entries = await read_group(
+                    self.redis,
+                    COORDINATORS_GROUP,
+                    self.coordinator.id,
+                    self.keys.decisions,
+                    count=64,
+                    block_ms=200,
+                )
+                backoff = 0.1
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    await self._ensure_group()
+                    continue
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            for entry_id, fields in entries:
+                task = asyncio.create_task(self._answer(entry_id, fields))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        data = (fields or {}).get(DATA_FIELD.encode(), b"")
+        try:
+            request = decode(data, DecisionRequest)
+            ctx = decode_context(request.event, request.context)
+            check_context(request.event, ctx)
+            if not self.keys.is_inbox(request.reply_to):
+                raise ProtocolError(
+                    f"reply_to must be a key under {self.keys.prefix}:inbox:", "$.reply_to"
+                )
+        except InvalidInputError as exc:
+            await self._reject(entry_id, data, exc)
+            return
+        timeout = max(0.001, request.timeout_ms / 1000)
+        try:
+            result = await asyncio.wait_for(
+                getattr(self.coordinator, _RUN[request.event])(ctx), timeout
+            )
+            reply = DecisionReply(
+                id=new_id(), ts=now_ms(), request_id=request.id, event=request.event, result=result
+            )
+        except TimeoutError:
+            reply = DecisionReply(
+                id=new_id(),
+                ts=now_ms(),
+                request_id=request.id,
+                event=request.event,
+                status="error",
+                error=f"no decision within timeout_ms={request.timeout_ms}",
+            )
+        await self._send(entry_id, request.reply_to, reply)
+        self.stats["answered"] += 1
+
+    async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
+        field = exc.field if isinstance(exc, ProtocolError) else ""
+        self.stats["rejected"] += 1
+        log.warning("rejected decision request %s: %s", entry_id.decode(), exc)
+        try:
+            head = msgspec.json.decode(data, type=_ReplyTo)
+        except msgspec.DecodeError:
+            head = _ReplyTo()
+        if self.keys.is_inbox(head.reply_to):
+            reply = DecisionReply(
+                id=new_id(),
+                ts=now_ms(),
+                request_id=head.id,
+                status="error",
+                error=str(exc),
+                field=field,
+            )
+            await self._send(entry_id, head.reply_to, reply)
+        else:
+            self.stats["dead_lettered"] += 1
+            await dead_letter(self.redis, self.keys, self.keys.decisions, str(exc), data)
+            await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+
+    async def _send(self, entry_id: bytes, reply_to: str, reply: Any) -> None:
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(reply_to, encode(reply))
+                pipe.pexpire(reply_to, REPLY_TTL_MS)
+                pipe.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning("could not answer %s: %s", reply.request_id, exc)
