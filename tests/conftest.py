@@ -74,3 +74,28 @@ def bus_settings(redis_server: Any) -> BusSettings:
         claim_idle_secs=0.5,
         refresh_secs=0.2,
     )
+
+
+@pytest.fixture
+def procs(tmp_path: Any) -> Iterator[Any]:
+    from tests.harness import Processes
+
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    processes = Processes(logdir)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+
+
+@pytest.fixture(params=["embedded", "distributed"])
+async def harness(request: Any, procs: Any) -> Any:
+    from tests.harness import Harness
+
+    settings = request.getfixturevalue("bus_settings") if request.param == "distributed" else None
+    h = Harness(request.param, settings, procs)  # type: ignore[arg-type]
+    try:
+        yield h
+    finally:
+        await h.close()

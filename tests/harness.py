@@ -1,0 +1,118 @@
+"""Run the same hooks embedded or as worker processes over a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agent_adapter.client import HookClient
+from bus import EventRunner, HookRegistry, HookSettings
+from bus.settings import BusSettings
+from tests.remote_hooks import HookConfig, Scripted
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_env(settings: BusSettings, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "HOOKBUS_REDIS_URL": settings.redis_url,
+        "HOOKBUS_PREFIX": settings.prefix,
+        "HOOKBUS_HEARTBEAT_SECS": str(settings.heartbeat_secs),
+        "HOOKBUS_LIVENESS_SECS": str(settings.liveness_secs),
+        "HOOKBUS_CLAIM_IDLE_SECS": str(settings.claim_idle_secs),
+        **extra,
+    }
+
+
+class Processes:
+    """Child processes of one test, each logging to its own file; all killed at the end."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, args: list[str], env: dict[str, str], label: str) -> subprocess.Popen[bytes]:
+        log = open(self.logdir / f"{label}-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bus.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def worker(
+        self, settings: BusSettings, target: str, label: str, *extra_args: str, **env: str
+    ) -> subprocess.Popen[bytes]:
+        return self.start(["worker", target, *extra_args], worker_env(settings, **env), label)
+
+    def scripted(self, settings: BusSettings, config: HookConfig, *args: str) -> Any:
+        payload = msgspec.json.encode(config).decode()
+        return self.worker(
+            settings, "tests.remote_hooks:Scripted", config.name, *args, HOOKBUS_TEST_HOOK=payload
+        )
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.logdir.glob("*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.wait(10)
+
+
+async def wait_for(condition: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll ``condition()`` until it is true; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def wait_live(client: HookClient, *names: str, replicas: int = 1) -> None:
+    def ready() -> bool:
+        targets = client.directory.by_name
+        return all(n in targets and targets[n].replicas >= replicas for n in names)
+
+    client.directory  # noqa: B018 - refreshed by the client's own loop
+    await wait_for(ready, what=f"hooks {names} to be live")
+
+
+class Harness:
+    """Hooks from HookConfigs, run embedded or as one worker process each."""
+
+    def __init__(self, mode: str, settings: BusSettings, procs: Processes) -> None:
+        self.mode = mode
+        self.settings = settings
+        self.procs = procs
+        self.runner: EventRunner | None = None
+
+    async def start(self, *configs: HookConfig, hook_timeout: float = 10.0) -> EventRunner:
+        hook_settings = HookSettings(hook_timeout_secs=hook_timeout)
+        if self.mode == "embedded":
+            registry = HookRegistry(hook_settings)
+            for c in configs:
+                registry.add(Scripted(c))
+            self.runner = registry
+            return registry
+        for c in configs:
+            self.procs.scripted(self.settings, c)
+        client = await HookClient(self.settings, hook_settings).start()
+        self.runner = client
+        await wait_live(client, *(c.name for c in configs))
+        return client
+
+    async def close(self) -> None:
+        if isinstance(self.runner, HookClient):
+            await self.runner.close()
