@@ -80,6 +80,7 @@ class Coordinator(EventRunner):
         self._waiting: dict[str, asyncio.Future[HookReply]] = {}
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
+        self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
         self._session_hooks: dict[str, frozenset[str]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._wake = asyncio.Event()
@@ -217,10 +218,13 @@ class Coordinator(EventRunner):
         self.spawn(self._flush())
 
     async def _flush(self) -> None:
-        self._flushing = False
-        batch, self._outbox = self._outbox, []
-        if not batch:
-            return
+        async with self._flush_lock:
+            self._flushing = False
+            batch, self._outbox = self._outbox, []
+            if batch:
+                await self._send(batch)
+
+    async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for stream, payload, maxlen, _ in batch:

@@ -68,7 +68,7 @@ class CoordinatorService:
         self.coordinator = Coordinator(settings, hook_settings, source="coordinator-service")
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
-        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0}
+        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0, "expired": 0}
         self._tasks: set[asyncio.Task[None]] = set()
         self.ready = asyncio.Event()
 
@@ -86,7 +86,9 @@ class CoordinatorService:
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
     async def _ensure_group(self) -> None:
-        await ensure_group(self.redis, self.keys.decisions, COORDINATORS_GROUP)
+        # From "0": requests sent while no replica was up are still answered if their agent is
+        # still waiting (requests past ts + timeout_ms are dropped below).
+        await ensure_group(self.redis, self.keys.decisions, COORDINATORS_GROUP, start="0")
 
     async def _loop(self, stop: asyncio.Event) -> None:
         backoff = 0.1
@@ -129,7 +131,12 @@ class CoordinatorService:
         except InvalidInputError as exc:
             await self._reject(entry_id, data, exc)
             return
-        timeout = max(0.001, request.timeout_ms / 1000)
+        timeout = (request.ts + request.timeout_ms - now_ms()) / 1000
+        if timeout <= 0:
+            self.stats["expired"] += 1
+            log.info("decision request %s expired before it was read; dropped", request.id)
+            await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+            return
         try:
             result = await asyncio.wait_for(
                 getattr(self.coordinator, _RUN[request.event])(ctx), timeout

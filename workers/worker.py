@@ -99,6 +99,7 @@ class HookWorker:
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
+        self.manifest = b""
 
     # -- registration ------------------------------------------------------------------------
 
@@ -110,7 +111,8 @@ class HookWorker:
             with contextlib.suppress(ProtocolError):
                 registered_at = decode(previous, HookManifest).registered_at or registered_at
         manifest = HookManifest.of(self.spec, "sync", registered_at, self.scope)  # type: ignore[arg-type]
-        await self.redis.hset(self.keys.hooks, self.spec.name, encode(manifest))
+        self.manifest = encode(manifest)
+        await self.redis.hset(self.keys.hooks, self.spec.name, self.manifest)
         await self._ensure_group()
         await self.redis.zadd(self.keys.replicas(self.spec.name), {self.replica: now_ms()})
         await self._announce("manifest")
@@ -128,7 +130,9 @@ class HookWorker:
         await self.redis.publish(self.keys.control, encode(note))
 
     async def _ensure_group(self) -> None:
-        await ensure_group(self.redis, self.stream, WORKERS_GROUP)
+        # From "0": after a restart, requests sent before the group existed are still served
+        # (expired ones are dropped by their deadline, as always).
+        await ensure_group(self.redis, self.stream, WORKERS_GROUP, start="0")
 
     # -- the service loop ----------------------------------------------------------------------
 
@@ -276,9 +280,7 @@ class HookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
-                    await self.redis.zadd(
-                        self.keys.replicas(self.spec.name), {self.replica: now_ms()}
-                    )
+                    await self._heartbeat()
                     last_beat = time.monotonic()
                 if self._in_flight:
                     await self.redis.xclaim(
@@ -293,6 +295,17 @@ class HookWorker:
             except (RedisError, OSError) as exc:
                 log.debug("keep-alive failed: %s", exc)
             await asyncio.sleep(interval)
+
+    async def _heartbeat(self) -> None:
+        """Say this replica is alive; restore the manifest if Redis lost it (a restart)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.replicas(self.spec.name), {self.replica: now_ms()})
+            pipe.hsetnx(self.keys.hooks, self.spec.name, self.manifest)
+            _, restored = await pipe.execute()
+        if restored:
+            log.warning("manifest of %s was missing (Redis restarted?); restored", self.spec.name)
+            await self._ensure_group()
+            await self._announce("manifest")
 
     async def _claim_abandoned(self) -> None:
         idle_ms = int(self.settings.claim_idle_secs * 1000)

@@ -1,0 +1,359 @@
+"""Distributed mode under failure, with real processes and a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from agent_adapter.client import HookClient
+from agent_adapter.executor import ToolExecutor
+from agent_adapter.llm import call
+from agent_adapter.permissions import ToolKind
+from agent_adapter.tools import Tool, Toolbox
+from bus import (
+    Block,
+    HookEvent,
+    HookSettings,
+    MutateInput,
+    PreToolUseContext,
+    SessionStopContext,
+)
+from bus.keys import WORKERS_GROUP, Keys
+from bus.protocol import DATA_FIELD, HookRequest, encode, new_id, now_ms, raw
+from bus.settings import BusSettings
+from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
+from tests.remote_hooks import HookConfig
+
+PRE = HookEvent.PRE_TOOL_USE.value
+
+
+def ctx(session: str = "s1", tool: str = "act") -> PreToolUseContext:
+    return PreToolUseContext(session_id=session, tool_name=tool, tool_args={"x": 1})
+
+
+async def client_for(settings: BusSettings, timeout: float = 10.0) -> HookClient:
+    return await HookClient(settings, HookSettings(hook_timeout_secs=timeout)).start()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_worker_killed_mid_request_is_decided_by_its_policy_within_its_timeout(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    record = tmp_path / "calls.txt"
+    cfg = HookConfig(
+        name="Guard", delay=30, timeout=3, failure_policy="fail", record=str(record),
+        events=[HookEvent.PRE_TOOL_USE],
+    )  # fmt: skip
+    worker = procs.scripted(bus_settings, cfg)
+    client = await client_for(bus_settings)
+    try:
+        await wait_live(client, "Guard")
+        ran: list[Any] = []
+
+        async def act(args: dict[str, Any]) -> str:
+            ran.append(args)
+            return "ran"
+
+        executor = ToolExecutor(client, Toolbox([Tool("act", "", ToolKind.READ, {"x": int}, act)]))
+        batch = asyncio.create_task(executor.execute_parallel("s1", [call("act", x=1)], step=1))
+        await wait_for(lambda: lines(record), what="the hook to start")
+        t0 = time.monotonic()
+        worker.send_signal(signal.SIGKILL)
+        result = await batch
+        assert time.monotonic() - t0 < 3 + 2  # within the hook's timeout (+ margin)
+        assert ran == []  # failure_policy="fail": the tool did not run
+        assert result.denials[0].level == 3
+        assert "hook Guard timed out" in result.messages[0].content
+    finally:
+        await client.close()
+
+
+async def test_no_live_replica_is_decided_at_once(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    strict = procs.scripted(bus_settings, HookConfig(name="Strict", failure_policy="fail"))
+    lax = procs.scripted(bus_settings, HookConfig(name="Lax", answers={PRE: Block(reason="x")}))
+    client = await client_for(bus_settings, timeout=20)
+    try:
+        await wait_live(client, "Strict", "Lax")
+        for p in (strict, lax):
+            p.send_signal(signal.SIGTERM)  # a clean stop deregisters at once
+            p.wait(10)
+        await wait_for(
+            lambda: not client.directory.live("Strict") and not client.directory.live("Lax")
+        )
+        t0 = time.monotonic()
+        result = await client.run_pre_tool_use(ctx())
+        assert time.monotonic() - t0 < 5  # far below the 20 s timeout
+        assert result.is_blocked and "Strict is unreachable" in result.action.reason
+        assert {(s.hook_name, s.kind, s.enforced) for s in result.skipped} == {
+            ("Strict", "unreachable", True),
+            ("Lax", "unreachable", False),
+        }
+    finally:
+        await client.close()
+
+
+async def test_two_replicas_share_requests_and_a_killed_one_loses_no_decision(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    record = tmp_path / "calls.txt"
+    cfg = HookConfig(
+        name="Shared", delay=0.05, timeout=8, record=str(record),
+        answers={PRE: MutateInput(updated_args={"ok": 1})}, events=[HookEvent.PRE_TOOL_USE],
+    )  # fmt: skip
+    a = procs.scripted(bus_settings, cfg)
+    b = procs.scripted(bus_settings, cfg)
+    client = await client_for(bus_settings)
+    try:
+        await wait_live(client, "Shared", replicas=2)
+        results = await asyncio.gather(*(client.run_pre_tool_use(ctx(f"s{i}")) for i in range(40)))
+        assert all(r.final_args == {"ok": 1} for r in results)
+        pids = {line.split()[1] for line in lines(record)}
+        assert pids == {str(a.pid), str(b.pid)}  # both replicas served requests
+
+        slow = msgspec.structs.replace(cfg, delay=1.5)
+        a.kill(), b.kill(), a.wait(), b.wait()
+        await wait_for(lambda: not client.directory.live("Shared"), what="old replicas to expire")
+        record.unlink()
+        a = procs.scripted(bus_settings, slow)
+        b = procs.scripted(bus_settings, slow)
+        await wait_live(client, "Shared", replicas=2)
+        batch = asyncio.gather(*(client.run_pre_tool_use(ctx(f"k{i}")) for i in range(6)))
+        await wait_for(lambda: lines(record), what="a replica to take requests")
+        victim = int(lines(record)[0].split()[1])
+        os.kill(victim, signal.SIGKILL)  # dies holding requests: the other claims and answers
+        results = await batch
+        assert [r.final_args for r in results] == [{"ok": 1}] * 6
+        survivor = ({a.pid, b.pid} - {victim}).pop()
+        assert str(survivor) in {line.split()[1] for line in lines(record)}
+        assert all(not r.skipped for r in results)
+    finally:
+        await client.close()
+
+
+async def test_a_request_past_its_deadline_is_never_executed(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    record = tmp_path / "calls.txt"
+    procs.scripted(bus_settings, HookConfig(name="Late", record=str(record)))
+    client = await client_for(bus_settings)
+    keys = Keys(bus_settings.prefix)
+    try:
+        await wait_live(client, "Late")
+        redis = client.redis
+        for deadline in (now_ms() - 1, now_ms() + 10_000):
+            request = HookRequest(
+                id=new_id(), ts=now_ms(), hook="Late", event=HookEvent.PRE_TOOL_USE,
+                session_id="s", context=raw(ctx()), deadline=deadline,
+                reply_to=keys.inbox("probe"),
+            )  # fmt: skip
+            await redis.xadd(keys.requests("Late"), {DATA_FIELD: encode(request)})
+        reply = await redis.blpop([keys.inbox("probe")], timeout=10)
+        assert reply is not None  # the live request was answered...
+        assert json.loads(reply[1])["hook"] == "Late"
+        await wait_for(lambda: True)
+        pending = await redis.xpending(keys.requests("Late"), WORKERS_GROUP)
+        assert pending["pending"] == 0  # ...and the expired one acknowledged, not run
+        assert lines(record) == ["PreToolUse " + lines(record)[0].split()[1]]
+    finally:
+        await client.close()
+
+
+async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    cfg = HookConfig(name="Sturdy", answers={PRE: Block(reason="still here")})
+    procs.scripted(bus_settings, cfg)
+    client = await client_for(bus_settings)
+    keys = Keys(bus_settings.prefix)
+    redis = client.redis
+    try:
+        await wait_live(client, "Sturdy")
+        # a malformed request: dead-lettered with its reason, and the worker goes on
+        await redis.xadd(keys.requests("Sturdy"), {DATA_FIELD: b'{"id": 7}'})
+        await redis.xadd(keys.requests("Sturdy"), {b"other": b"x"})
+        # a malformed reply in the coordinator's inbox: dropped and counted
+        await redis.rpush(client.inbox, b"not json")
+        # a malformed manifest: left out of the directory and counted
+        await redis.hset(keys.hooks, "Broken", b'{"name": "Broken", "tool_names": ["a*b"]}')
+        await redis.hset(keys.hooks, "Junk", b"{{{")
+        await wait_for(lambda: client.stats["malformed_replies"] == 1, what="reply rejected")
+        await wait_for(lambda: client.directory.malformed >= 2, what="manifests rejected")
+        dlq: list[Any] = []
+
+        async def dead_letters() -> int:
+            dlq[:] = await redis.xrange(keys.dlq)
+            return len(dlq)
+
+        deadline = time.monotonic() + 10
+        while await dead_letters() < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        reasons = [fields[b"reason"].decode() for _, fields in dlq]
+        assert any("malformed HookRequest" in r and "`$.id`" in r for r in reasons), reasons
+        assert any("no 'data' field" in r for r in reasons)
+        result = await client.run_pre_tool_use(ctx())
+        assert result.action == Block(reason="still here")
+        assert "Broken" not in client.directory.by_name
+    finally:
+        await client.close()
+
+
+async def test_redis_stopped_mid_session_then_back(procs: Processes, tmp_path: Path) -> None:
+    from workers.redis_server import RedisServer
+
+    server = RedisServer().start()
+    settings = BusSettings(
+        redis_url=server.url, prefix="restart", heartbeat_secs=0.2, liveness_secs=2,
+        claim_idle_secs=0.5, refresh_secs=0.2,
+    )  # fmt: skip
+    procs.scripted(settings, HookConfig(name="Up", answers={PRE: Block(reason="ok")}))
+    client = await client_for(settings, timeout=2)
+    try:
+        await wait_live(client, "Up")
+        assert (await client.run_pre_tool_use(ctx())).is_blocked
+        server.stop()
+        t0 = time.monotonic()
+        result = await client.run_pre_tool_use(ctx())
+        assert time.monotonic() - t0 < 2 + 1.5  # never past the deadline
+        assert not result.is_blocked and result.skipped[0].hook_name == "Up"
+        server.start()
+        await wait_live(client, "Up")
+
+        async def decided() -> bool:
+            return (await client.run_pre_tool_use(ctx())).is_blocked
+
+        deadline = time.monotonic() + 20
+        while not await decided():
+            assert time.monotonic() < deadline, "the session did not recover after Redis came back"
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_session_hooks_answer_for_their_session_and_are_removed_at_stop(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    cfg = HookConfig(name="Temp", answers={PRE: Block(reason="session rule")})
+    procs.scripted(bus_settings, cfg, "--scope", "session")
+    client = await client_for(bus_settings)
+    keys = Keys(bus_settings.prefix)
+    try:
+        await wait_live(client, "Temp")
+        assert not (await client.run_pre_tool_use(ctx("s1"))).is_blocked  # never global
+        await client.add_session_hook("s1", "Temp")
+        assert 0 < await client.redis.ttl(keys.session_hooks("s1")) <= bus_settings.session_ttl_secs
+        assert (await client.run_pre_tool_use(ctx("s1"))).is_blocked
+        assert not (await client.run_pre_tool_use(ctx("s2"))).is_blocked
+        # another coordinator (a second client) sees it too, through Redis
+        other = await client_for(bus_settings)
+        try:
+            await wait_live(other, "Temp")
+            assert (await other.run_pre_tool_use(ctx("s1"))).is_blocked
+            await client.run_on_session_stop(SessionStopContext(session_id="s1"))
+            assert not await client.redis.exists(keys.session_hooks("s1"))
+            await wait_for(lambda: "s1" not in other._session_hooks, what="invalidation")
+            assert not (await other.run_pre_tool_use(ctx("s1"))).is_blocked
+        finally:
+            await other.close()
+    finally:
+        await client.close()
+
+
+async def test_hookbus_cancel_blocks_the_sessions_next_tool_call(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    client = await client_for(bus_settings)
+    try:
+        await wait_live(client, "CancellationHook")
+        assert not (await client.run_pre_tool_use(ctx("victim"))).is_blocked
+        out = subprocess.run(
+            [sys.executable, "-m", "bus.cli", "cancel", "victim"],
+            env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert out.returncode == 0 and "cancelled" in out.stdout
+        result = await client.run_pre_tool_use(ctx("victim"))
+        assert result.is_blocked and "cancelled by the user" in result.action.reason
+        assert not (await client.run_pre_tool_use(ctx("bystander"))).is_blocked
+        await client.run_on_session_stop(SessionStopContext(session_id="victim"))
+        assert not (await client.run_pre_tool_use(ctx("victim"))).is_blocked
+    finally:
+        await client.close()
+
+
+async def test_events_are_published_to_the_events_stream(bus_settings: BusSettings) -> None:
+    client = await client_for(bus_settings)
+    try:
+        await client.run_pre_tool_use(ctx())
+        await client.run_on_session_stop(SessionStopContext(session_id="s1"))
+        await client.drain()
+        keys = Keys(bus_settings.prefix)
+        entries = []
+        deadline = time.monotonic() + 5
+        while len(entries) < 2 and time.monotonic() < deadline:
+            entries = await client.redis.xrange(keys.events)
+            await asyncio.sleep(0.02)
+        events = [json.loads(f[DATA_FIELD.encode()]) for _, f in entries]
+        assert [e["event"] for e in events] == ["PreToolUse", "OnSessionStop"]
+        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 1
+    finally:
+        await client.close()
+
+
+def test_worker_with_a_bad_hook_path_says_so_in_one_line(bus_settings: BusSettings) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bus.cli", "worker", "no.such.module:Hook"],
+        env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("hookbus: cannot import 'no.such.module'")
+    assert "Traceback" not in out.stderr
+
+
+async def test_coordinator_service_answers_foreign_agents(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    procs.scripted(bus_settings, HookConfig(name="Guard", answers={PRE: Block(reason="nope")}))
+    procs.start(["coordinator"], worker_env(bus_settings), "coordinator")
+    keys = Keys(bus_settings.prefix)
+    redis = Redis.from_url(bus_settings.redis_url, socket_timeout=60)
+    try:
+
+        async def ask(message: dict[str, Any]) -> dict[str, Any]:
+            await redis.xadd(keys.decisions, {"data": json.dumps(message)})
+            reply = await redis.blpop([message.get("reply_to", keys.inbox("node"))], timeout=15)
+            assert reply is not None, "no reply from the coordinator service"
+            return json.loads(reply[1])
+
+        request = {
+            "id": "r1", "ts": now_ms(), "event": "PreToolUse", "reply_to": keys.inbox("node"),
+            "context": {"session_id": "s1", "tool_name": "file_read", "tool_args": {}},
+        }  # fmt: skip
+        deadline = time.monotonic() + 20
+        while True:  # until the service has the hook in its directory
+            answer = await ask({**request, "id": new_id()})
+            if answer["status"] == "ok" and answer["result"]["action"]["type"] == "Block":
+                break
+            assert time.monotonic() < deadline, answer
+        assert answer["result"]["blocking_errors"] == [{"hook_name": "Guard", "reason": "nope"}]
+        bad = {**request, "id": "bad", "context": {"session_id": "s1", "tool_name": 42}}
+        answer = await ask(bad)
+        assert answer["status"] == "error" and answer["field"] == "$.context.tool_name"
+        assert answer["request_id"] == "bad"
+    finally:
+        await redis.aclose()
