@@ -10,22 +10,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec
 
+from agent_adapter.client import HookClient
 from agent_adapter.llm import ChatMessage, LLMReply, ScriptedLLM, answer, call, tools
 from agent_adapter.permissions import PermissionChecker, PermissionRule
 from agent_adapter.runtime import AgentRuntime, TurnResult
 from agent_adapter.tools import sandbox_tools
 from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision
 from bus.aggregation import Outcome
-from workers.builtins import MetricsData, with_builtins
+from bus.errors import ConfigError
+from bus.settings import BusSettings
+from workers.builtins import MetricsData, MetricsHook, with_builtins
 from workers.demo_hooks import DEMO_HOOKS, EventCounter
+from workers.redis_server import RedisServer, find_redis_server
 
 CONFIG = "\n".join(
     ["# service configuration", "API_KEY=sk-live-51Hx9d2", "region=eu-west-1"]
@@ -39,11 +49,14 @@ CORPUS = {
 QUESTION = "Tidy up the project notes and check the configuration."
 
 
-def session_plan(cancelled: set[str], session_id: str) -> list[Any]:
+Cancel = Callable[[], Awaitable[None]]
+
+
+def session_plan(cancel: Cancel) -> list[Any]:
     """The main agent's script: one step per intervention the demo shows."""
 
-    def cancel_then_read(_: Sequence[ChatMessage]) -> LLMReply:
-        cancelled.add(session_id)  # the user presses "stop" while the model is thinking
+    async def cancel_then_read(_: Sequence[ChatMessage]) -> LLMReply:
+        await cancel()  # the user presses "stop" while the model is thinking
         return tools(call("file_read", path="notes/todo.txt"))
 
     return [
@@ -105,7 +118,12 @@ def _describe(o: Outcome) -> str:
 
 
 def build_runtime(
-    hooks: EventRunner, workdir: Path, cancelled: set[str], metrics: MetricsData, session_id: str
+    hooks: EventRunner,
+    workdir: Path,
+    cancelled: set[str],
+    metrics: MetricsData,
+    session_id: str,
+    cancel: Cancel,
 ) -> AgentRuntime:
     """The demo's agent: sandbox tools, a deny rule for secrets, the scripted plan."""
     sandbox = workdir / "sandbox"
@@ -116,7 +134,7 @@ def build_runtime(
     )
     return AgentRuntime(
         hooks,
-        ScriptedLLM(session_plan(cancelled, session_id)),
+        ScriptedLLM(session_plan(cancel)),
         box,
         session_id=session_id,
         checker=checker,
@@ -128,12 +146,14 @@ def build_runtime(
     )
 
 
+def _demo_settings() -> HookSettings:
+    return msgspec.structs.replace(HookSettings.from_env(), truncate_chars=240)  # shows a cut
+
+
 def embedded_registry(
     workdir: Path, cancelled: set[str], metrics: MetricsData
 ) -> tuple[Any, EventCounter]:
-    settings = HookSettings.from_env()
-    settings = msgspec.structs.replace(settings, truncate_chars=240)  # show the truncation
-    registry = with_builtins(workdir / "audit.db", cancelled, metrics, settings)
+    registry = with_builtins(workdir / "audit.db", cancelled, metrics, _demo_settings())
     for hook_class in DEMO_HOOKS:
         registry.add(hook_class())
     counter = EventCounter()
@@ -150,7 +170,11 @@ async def run_embedded(workdir: Path, out: TextIO) -> tuple[TurnResult, list[dic
     registry.observers.append(timeline)
     try:
         print(f"{'event':<19} {'tool':<14} {'latency':>11}  hooks and their answers", file=out)
-        runtime = build_runtime(registry, workdir, cancelled, metrics, "demo-session")
+
+        async def cancel() -> None:
+            cancelled.add("demo-session")
+
+        runtime = build_runtime(registry, workdir, cancelled, metrics, "demo-session", cancel)
         result = await runtime.run_turn(QUESTION)
         await registry.drain()
         await registry.audit_log.flush()
@@ -165,7 +189,7 @@ def report(
     result: TurnResult,
     rows: list[dict[str, Any]],
     metrics: dict[str, Any],
-    async_counts: dict[str, int],
+    async_counts: dict[str, int] | None,
     out: TextIO,
 ) -> None:
     print(f"\nturn ended: {result.terminal.value} after {result.steps} steps", file=out)
@@ -184,13 +208,125 @@ def report(
     print("\nmetrics:", file=out)
     for key, value in metrics.items():
         print(f"  {key}: {value}", file=out)
-    print(f"\nasync hook EventCounter saw: {async_counts}", file=out)
+    if async_counts is not None:
+        print(f"\nasync hook EventCounter saw: {async_counts}", file=out)
 
 
-def main(out: TextIO, *, redis_url: str | None = None, embedded: bool = True) -> int:
+HOOK_SERVICES = [
+    *(f"workers.demo_hooks:{cls.__name__}" for cls in DEMO_HOOKS),
+    "workers.cancellation:RedisCancellationHook",
+    "workers.builtins:AuditLogHook",
+]
+
+
+async def run_distributed(
+    workdir: Path, settings: BusSettings, out: TextIO
+) -> tuple[TurnResult, list[dict[str, Any]]]:
+    """The same session with every hook in its own ``hookbus worker`` process."""
+    audit_db = workdir / "audit.db"
+    env = {
+        **os.environ,
+        "HOOKBUS_REDIS_URL": settings.redis_url,
+        "HOOKBUS_PREFIX": settings.prefix,
+        "HOOKBUS_AUDIT_DB": str(audit_db),
+    }
+    print(f"starting {len(HOOK_SERVICES)} hook services, one process each ...", file=out)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bus.cli", "worker", target],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(workdir / f"worker-{i}.log").open("wb"),
+        )
+        for i, target in enumerate(HOOK_SERVICES)
+    ]
+    cancelled: set[str] = set()
+    metrics = MetricsData()
+    client = HookClient(settings, _demo_settings(), source="hookbus-demo")
+    client.add(MetricsHook(metrics))  # shares the runtime's metrics, so it runs in-process
+    try:
+        await client.start()
+        names = [t.rpartition(":")[2] for t in HOOK_SERVICES]
+        names[names.index("RedisCancellationHook")] = "CancellationHook"
+        await _wait_live(client, names, procs, out)
+        timeline = Timeline(out)
+        client.observers.append(timeline)
+        print(f"\n{'event':<19} {'tool':<14} {'latency':>11}  hooks and their answers", file=out)
+        session_id = f"demo-{os.getpid()}"
+
+        async def cancel() -> None:
+            await client.cancel(session_id)  # what `hookbus cancel SESSION_ID` does
+
+        runtime = build_runtime(client, workdir, cancelled, metrics, session_id, cancel)
+        result = await runtime.run_turn(QUESTION)
+        await client.drain()
+    finally:
+        await client.close()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    rows = read_audit_rows(audit_db)
+    report(result, rows, runtime.get_metrics(), None, out)
+    return result, rows
+
+
+async def _wait_live(
+    client: HookClient, names: list[str], procs: list[subprocess.Popen[bytes]], out: TextIO
+) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        live = [n for n in names if client.directory.live(n)]
+        if len(live) == len(names):
+            print(f"all {len(names)} hook services are live", file=out)
+            return
+        dead = [p for p in procs if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            missing = sorted(set(names) - set(live))
+            raise ConfigError(f"hook services did not come up: {', '.join(missing)}")
+        await asyncio.sleep(0.05)
+
+
+def read_audit_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with sqlite3.connect(path) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = [dict(r) for r in conn.execute("SELECT * FROM agent_audit_log ORDER BY id")]
+    conn.close()
+    return rows
+
+
+def main(out: TextIO, *, redis_url: str | None = None, embedded: bool = False) -> int:
+    """Run the demo: distributed when Redis is at hand, else embedded (and say so)."""
     # The timeline already shows blocks, warnings and denials; keep the log for real trouble.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="hookbus-demo-") as tmp:
-        print("hookbus demo — embedded mode (hooks in this process)\n", file=out)
-        asyncio.run(run_embedded(Path(tmp), out))
+        workdir = Path(tmp)
+        url = redis_url or os.environ.get("HOOKBUS_REDIS_URL")
+        if embedded or (not url and find_redis_server() is None):
+            if not embedded:
+                print(
+                    "no Redis configured (HOOKBUS_REDIS_URL) and no redis-server binary found: "
+                    "running embedded, with every hook in this process",
+                    file=out,
+                )
+            print("hookbus demo — embedded mode (hooks in this process)\n", file=out)
+            asyncio.run(run_embedded(workdir, out))
+            return 0
+        server = None if url else RedisServer().start()
+        try:
+            settings = BusSettings.from_env(redis_url=url or server.url)  # type: ignore[union-attr]
+            if not os.environ.get("HOOKBUS_PREFIX"):
+                settings = msgspec.structs.replace(settings, prefix=f"hookbus-demo-{os.getpid()}")
+            where = "a private redis-server" if server else settings.redis_url
+            print(f"hookbus demo — distributed mode, Redis at {where}", file=out)
+            asyncio.run(run_distributed(workdir, settings, out))
+        finally:
+            if server is not None:
+                server.close()
     return 0

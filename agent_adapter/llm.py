@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -30,7 +31,7 @@ class ChatMessage(msgspec.Struct):
     name: str = ""
 
 
-Step = LLMReply | Callable[[Sequence[ChatMessage]], LLMReply]
+Step = LLMReply | Callable[[Sequence[ChatMessage]], LLMReply | Awaitable[LLMReply]]
 
 
 class ScriptedLLM:
@@ -53,7 +54,10 @@ class ScriptedLLM:
             step = self._plan[-1]
         else:
             return LLMReply(text="I have nothing more to do.")
-        return step(messages) if callable(step) else step
+        if not callable(step):
+            return step
+        reply = step(messages)
+        return await reply if inspect.isawaitable(reply) else reply
 
 
 def call(name: str, call_id: str | None = None, /, **args: Any) -> ToolCall:

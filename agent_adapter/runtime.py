@@ -184,6 +184,8 @@ class AgentRuntime:
                     turn.reminders.append(reminder)
             for b in executed.blocking_errors:
                 log.warning("tool call blocked by %s: %s", b.hook_name, b.reason)
+                if b.hook_name == "CancellationHook":  # however the hook learnt of it
+                    self.cancelled.add(self.session_id)
             for w in executed.warnings:
                 log.warning("hook warning: %s", w)
             for permission, tool in executed.post_permission_requests:

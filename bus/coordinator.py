@@ -27,8 +27,9 @@ from redis.exceptions import RedisError
 from bus.aggregation import Outcome
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, run_targets
-from bus.errors import HookCrashed, HookUnreachable, ProtocolError
+from bus.errors import ConfigError, HookCrashed, HookUnreachable, ProtocolError
 from bus.events import HookContext, HookEvent, session_of, tool_of
+from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
     DATA_FIELD,
@@ -43,6 +44,7 @@ from bus.protocol import (
     raw,
 )
 from bus.redis_io import connect
+from bus.registry import local_target
 from bus.runner import EventRunner
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
@@ -82,6 +84,7 @@ class Coordinator(EventRunner):
         self._flushing = False
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
         self._session_hooks: dict[str, frozenset[str]] = {}
+        self._local: dict[HookEvent, list[Any]] = {e: [] for e in HookEvent}
         self._tasks: list[asyncio.Task[Any]] = []
         self._wake = asyncio.Event()
         self._closed = False
@@ -130,7 +133,10 @@ class Coordinator(EventRunner):
     ) -> list[Outcome]:
         name, args = tool_of(ctx)
         session = await self._session_targets(session_of(ctx))
-        targets = select(event, self.directory.by_event[event], session, name, args)
+        candidates: list[Any] = self.directory.by_event[event]
+        if self._local[event]:
+            candidates = sorted([*self._local[event], *candidates], key=lambda t: t.order)
+        targets = select(event, candidates, session, name, args)
         return await run_targets(
             event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential
         )
@@ -146,6 +152,23 @@ class Coordinator(EventRunner):
             source=self.source,
         )
         self._enqueue(self.keys.events, encode(message), self.bus.events_maxlen, None)
+
+    # -- hooks in this process, beside the services -------------------------------------------
+
+    def add(self, hook: AgentHook) -> HookSpec:
+        """Run ``hook`` in this process, ordered among the hook services by priority.
+
+        For hooks that share state with the agent (its metrics, say); everything else belongs
+        in a hook service.
+        """
+        if not isinstance(hook, AgentHook):
+            raise ConfigError(f"add() takes an AgentHook, got {type(hook).__name__}")
+        spec = spec_of(hook)
+        target = local_target(spec, (spec.priority, now_ms()), hook, SYNC_METHODS)
+        for event in HookEvent:
+            if spec.subscribes(event):
+                self._local[event].append(target)
+        return spec
 
     # -- session hooks ------------------------------------------------------------------------
 
@@ -316,8 +339,6 @@ class _Missing:
     """A session hook whose service has never registered: unreachable, decided by 'ignore'."""
 
     def __init__(self, name: str, endpoint: Endpoint) -> None:
-        from bus.hooks import HookSpec
-
         self.spec = HookSpec(name=name)
         self.order = (0, 0)
         self.endpoint = endpoint

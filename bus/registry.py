@@ -39,9 +39,10 @@ class LocalTarget:
     endpoint: Endpoint = field(repr=False)
 
 
-def _local_target(
+def local_target(
     spec: HookSpec, order: tuple[int, int], hook: Any, table: dict[HookEvent, str]
 ) -> LocalTarget:
+    """A hook object in this process as a dispatch target (its methods bound once)."""
     methods = {event: getattr(hook, method) for event, method in table.items()}
     return LocalTarget(
         spec, order, hook, methods, lambda event, ctx, _deadline: methods[event](ctx)
@@ -68,7 +69,7 @@ class HookRegistry(EventRunner):
 
     def _target(self, hook: Any, table: dict[HookEvent, str]) -> LocalTarget:
         spec = spec_of(hook)
-        return _local_target(spec, (spec.priority, next(self._seq)), hook, table)
+        return local_target(spec, (spec.priority, next(self._seq)), hook, table)
 
     def _claim_name(self, name: str) -> None:
         if name in self._names:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -272,14 +273,16 @@ class AuditLogHook(AgentHook):
     done. A failed write is logged (``hookbus.audit``) and never reaches the agent.
 
     Args:
-        db_path: the SQLite database file.
+        db_path: the SQLite database file; when omitted (a hook service started with
+            ``hookbus worker workers.builtins:AuditLogHook``), ``$HOOKBUS_AUDIT_DB`` or
+            ``hookbus-audit.db``.
     """
 
     name = "AuditLogHook"
     subscribed_events = (HookEvent.POST_TOOL_USE, HookEvent.ON_SESSION_STOP)
 
-    def __init__(self, db_path: str | Path) -> None:
-        self.db_path = Path(db_path)
+    def __init__(self, db_path: str | Path | None = None) -> None:
+        self.db_path = Path(db_path or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookbus-audit")
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()

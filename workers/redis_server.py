@@ -19,9 +19,7 @@ MISSING = (
 
 def find_redis_server() -> str | None:
     """The path of a ``redis-server`` binary, or None."""
-    return shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
-    )
+    return shutil.which("redis-server")
 
 
 def free_port() -> int:

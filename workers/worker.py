@@ -152,6 +152,11 @@ class HookWorker:
             except RedisError as exc:
                 log.warning("could not deregister %s: %s", self.replica, exc)
             await self.redis.aclose()
+            close = getattr(self.hook, "close", None)
+            if callable(close):  # let the hook release what it holds (files, connections)
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
             log.info("hook %s replica %s stopped: %s", self.spec.name, self.replica, self.stats)
 
     async def _retry(self, fn: Any, stop: asyncio.Event) -> None:

@@ -1,0 +1,55 @@
+"""``hookbus demo`` as a user runs it: distributed with Redis, embedded without, saying which."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from bus import HookEvent
+from tests.harness import ROOT
+
+
+def run_demo(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bus.cli", "demo", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def check_session(stdout: str) -> None:
+    for event in HookEvent:
+        assert f"\n{event.value} " in stdout, f"{event.value} missing from the timeline"
+    assert "turn ended: Cancelled after 7 steps" in stdout
+    assert "API_KEY=[redacted]" in stdout
+    assert "P0 Rule" in stdout and "P1 Rule" in stdout and "P3 Rule" in stdout
+    assert "SESSION_STOP" in stdout and "tool_calls: 6" in stdout
+
+
+def test_demo_runs_distributed_with_separate_hook_processes(redis_server: Any) -> None:
+    out = run_demo("--redis", redis_server.url)
+    assert out.returncode == 0, out.stderr
+    assert "distributed mode" in out.stdout and "all 9 hook services are live" in out.stdout
+    check_session(out.stdout)
+
+
+def test_demo_without_redis_runs_embedded_and_says_so_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HOOKBUS_REDIS_URL"}
+    out = subprocess.run(
+        [sys.executable, "-m", "bus.cli", "demo"],
+        cwd=ROOT,
+        env={**env, "PATH": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("no Redis configured") and "running embedded" in first
+    check_session(out.stdout)
+    assert "Traceback" not in out.stderr
