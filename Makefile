@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean redis-check
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing hookbus with its dev tools"
@@ -22,8 +22,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check bus workers agent_adapter tests bench
 	$(BIN)/mypy bus
 
-test: lint
+test: lint redis-check
 	$(BIN)/pytest
+
+# Tests that claim Redis behaviour need a real server: say so plainly instead of a traceback.
+redis-check:
+	@command -v redis-server >/dev/null 2>&1 || [ -n "$$REDIS_URL" ] || docker info >/dev/null 2>&1 || \
+	  { echo "make test needs a redis-server binary on PATH (Debian: apt install redis-server), REDIS_URL, or a Docker engine"; exit 1; }
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
