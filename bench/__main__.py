@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = ["bench.inprocess"]
+MODULES = ["bench.inprocess", "bench.sync_dispatch"]
 
 
 def main(argv: list[str]) -> int:

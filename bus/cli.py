@@ -43,11 +43,46 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from bus.hooks import AsyncAgentHook
+    from workers.async_worker import AsyncHookWorker
+    from workers.replay import parse_position
     from workers.worker import HookWorker, load_hook
 
     hook = load_hook(args.hook)
-    worker = HookWorker(hook, _settings(args), scope=args.scope)
-    return _serve(worker.run)
+    if isinstance(hook, AsyncAgentHook):
+        service: HookWorker | AsyncHookWorker = AsyncHookWorker(
+            hook,
+            _settings(args),
+            start=parse_position(args.start),
+            batch_size=args.batch,
+            max_deliveries=args.max_deliveries,
+        )
+    else:
+        service = HookWorker(hook, _settings(args), scope=args.scope)
+    return _serve(service.run)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from bus.keys import Keys
+    from bus.redis_io import connect
+    from workers.replay import replay_dead_letters, replay_range
+
+    settings = _settings(args)
+
+    async def replay() -> int:
+        redis = connect(settings)
+        try:
+            keys = Keys(settings.prefix)
+            if args.dlq:
+                return await replay_dead_letters(redis, keys, args.hook)
+            return await replay_range(redis, keys, args.hook, args.start, args.end)
+        finally:
+            await redis.aclose()
+
+    count = asyncio.run(replay())
+    source = "dead letters" if args.dlq else "events"
+    print(f"re-fed {count} {source} to {args.hook}")
+    return 0
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -95,7 +130,29 @@ def build_parser() -> argparse.ArgumentParser:
         default="global",
         help="session: only for sessions that attach this hook by name",
     )
+    worker.add_argument(
+        "--from",
+        dest="start",
+        default="$",
+        metavar="POSITION",
+        help="async hooks: where a new group starts: $ (new events, default), 0 (all retained "
+        "history), a stream id, epoch ms or an ISO time",
+    )
+    worker.add_argument("--batch", type=int, default=100, help="async hooks: entries per read")
+    worker.add_argument(
+        "--max-deliveries",
+        type=int,
+        default=5,
+        help="async hooks: deliveries before an entry goes to the dead-letter stream",
+    )
     worker.set_defaults(func=_worker)
+
+    replay = with_redis(sub.add_parser("replay", help="re-feed events to one async hook"))
+    replay.add_argument("hook", help="the async hook's name")
+    replay.add_argument("--from", dest="start", default="-", help="first event (id or time)")
+    replay.add_argument("--to", dest="end", default="+", help="last event (id or time)")
+    replay.add_argument("--dlq", action="store_true", help="re-feed the hook's dead letters")
+    replay.set_defaults(func=_replay)
 
     coordinator = with_redis(
         sub.add_parser("coordinator", help="answer decision requests from agents in any language")

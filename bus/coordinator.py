@@ -45,6 +45,7 @@ from bus.protocol import (
 )
 from bus.redis_io import connect
 from bus.registry import local_target
+from bus.retention import HARD_CAP_FACTOR
 from bus.runner import EventRunner
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
@@ -151,7 +152,11 @@ class Coordinator(EventRunner):
             context=raw(ctx),
             source=self.source,
         )
-        self._enqueue(self.keys.events, encode(message), self.bus.events_maxlen, None)
+        # A backstop cap only: retention (bus/retention.py) trims history without losing
+        # what a group has not handled yet.
+        self._enqueue(
+            self.keys.events, encode(message), HARD_CAP_FACTOR * self.bus.events_maxlen, None
+        )
 
     # -- hooks in this process, beside the services -------------------------------------------
 

@@ -20,7 +20,8 @@ into Block (PreToolUse) or Deny (PermissionRequest); on other events a failure i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any, ClassVar, Literal, cast
 
 import msgspec
@@ -152,6 +153,20 @@ class AgentHook(_HookBase):
         return None
 
 
+class DeliveredEvent(msgspec.Struct, frozen=True):
+    """One event as an async hook receives it: its id (stable across redeliveries), its
+    timestamp (epoch ms) and its context."""
+
+    id: str
+    event: HookEvent
+    ts: int
+    context: Any
+
+
+#: The event an async hook method is handling (its id makes writes idempotent).
+current_event: ContextVar[DeliveredEvent | None] = ContextVar("current_event", default=None)
+
+
 class AsyncAgentHook(_HookBase):
     """A fire-and-forget hook: it observes events and never delays the agent.
 
@@ -162,6 +177,13 @@ class AsyncAgentHook(_HookBase):
 
     name = "AsyncAgentHook"
     timeout: ClassVar[float | None] = None  # default: the async timeout (5 s)
+    #: Set to True and implement ``on_batch`` to receive events in batches (one transaction
+    #: for many rows, say). A batch is acknowledged only after ``on_batch`` returns.
+    handles_batches: ClassVar[bool] = False
+
+    async def on_batch(self, batch: Sequence[DeliveredEvent]) -> None:
+        """Handle several events at once (only called when ``handles_batches``)."""
+        raise NotImplementedError
 
     async def on_session_start_async(self, ctx: SessionStartContext) -> None: ...
     async def on_pre_tool_use_async(self, ctx: PreToolUseContext) -> None: ...

@@ -17,6 +17,9 @@ key                                       type    holds
 ``{p}:cancelled:{sid}``                   string  present while a session is cancelled (TTL)
 ``{p}:control``                           pubsub  announcements: manifests, replicas, sessions
 ``{p}:dlq``                               stream  dead letters: malformed or undeliverable messages
+``{p}:hook:{name}:replay``                stream  entries re-fed to one async hook (same group)
+``{p}:hook:{name}:failures``              hash    entry id → last failure of an async hook (TTL)
+``{p}:metrics:{name}``                    hash    figures collected by an async MetricsHook
 ========================================  ======  =================================================
 """
 
@@ -65,6 +68,18 @@ class Keys:
     def is_inbox(self, key: str) -> bool:
         """Replies may only be pushed to inbox keys, never to a key a message names at will."""
         return key.startswith(f"{self.prefix}:inbox:") and len(key) <= 300
+
+    def replay(self, hook: str) -> str:
+        """Entries re-fed to one async hook (``hookbus replay``); read by its group."""
+        return f"{self.prefix}:hook:{hook}:replay"
+
+    def failures(self, hook: str) -> str:
+        """Last failure reason per entry id of one async hook (for its dead letters)."""
+        return f"{self.prefix}:hook:{hook}:failures"
+
+    def metrics(self, hook: str) -> str:
+        """Figures an async MetricsHook collected."""
+        return f"{self.prefix}:metrics:{hook}"
 
     def session_hooks(self, session_id: str) -> str:
         return f"{self.prefix}:session:{session_id}:hooks"

@@ -53,14 +53,22 @@ async def read_group(
     return entries
 
 
-async def dead_letter(redis: Redis, keys: Keys, source: str, reason: str, data: Any) -> None:
-    """Keep a message nobody could use, with why, in ``{p}:dlq`` (bounded)."""
-    entry: dict[Any, Any] = {
+def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:
+    """The fields of one dead letter: where it came from, why, the message, when (+ extra)."""
+    return {
         "source": source,
         "reason": reason[:2000],
         "data": data if isinstance(data, bytes | str) else repr(data),
         "ts": str(now_ms()),
+        **extra,
     }
+
+
+async def dead_letter(
+    redis: Redis, keys: Keys, source: str, reason: str, data: Any, **extra: str
+) -> None:
+    """Keep a message nobody could use, with why, in ``{p}:dlq`` (bounded)."""
+    entry = dead_letter_entry(source, reason, data, **extra)
     try:
         await redis.xadd(keys.dlq, entry, maxlen=100_000, approximate=True)
     except UNREACHABLE as exc:

@@ -11,6 +11,8 @@ import asyncio
 import bisect
 import itertools
 import logging
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +22,16 @@ from bus.aggregation import Outcome
 from bus.dispatch import Endpoint, run_targets
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, SessionStopContext, session_of, tool_of
-from bus.hooks import ASYNC_METHODS, SYNC_METHODS, AgentHook, AsyncAgentHook, HookSpec, spec_of
+from bus.hooks import (
+    ASYNC_METHODS,
+    SYNC_METHODS,
+    AgentHook,
+    AsyncAgentHook,
+    DeliveredEvent,
+    HookSpec,
+    current_event,
+    spec_of,
+)
 from bus.runner import EventRunner
 from bus.selection import select
 from bus.settings import HookSettings
@@ -158,8 +169,13 @@ class HookRegistry(EventRunner):
 
     async def _call_async(self, target: LocalTarget, event: HookEvent, ctx: HookContext) -> None:
         timeout = target.spec.timeout or self.settings.async_timeout_secs
+        delivered = DeliveredEvent(os.urandom(16).hex(), event, time.time_ns() // 1_000_000, ctx)
+        current_event.set(delivered)  # this task's own context
         try:
-            await asyncio.wait_for(target.methods[event](ctx), timeout)
+            if target.hook.handles_batches:
+                await asyncio.wait_for(target.hook.on_batch([delivered]), timeout)
+            else:
+                await asyncio.wait_for(target.methods[event](ctx), timeout)
         except Exception as exc:  # an async hook never fails the agent
             self.async_failures += 1
             why = f"no answer within {timeout:g}s" if isinstance(exc, TimeoutError) else repr(exc)

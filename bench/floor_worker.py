@@ -1,0 +1,219 @@
+"""The raw redis-py floor of ``bench.sync_dispatch``: the least a hook service can do.
+
+Three kinds of process, all started by the benchmark (never by hand)::
+
+    python -m bench.floor_worker worker URL PREFIX NAME         # one floor hook
+    python -m bench.floor_worker service URL PREFIX NAME...     # a floor coordinator service
+    python -m bench.floor_worker faststream URL PREFIX NAME     # a FastStream subscriber (reference)
+
+A floor hook reads its own stream with ``XREADGROUP … BLOCK`` and answers each request with one
+pipelined ``RPUSH`` (to the inbox the request names) + ``XACK``: no validation, no deadline, no
+heartbeat, no task per request. A floor service reads ``{p}:decisions`` the same way, fans each
+decision out to its hooks exactly like the floor agent of the benchmark (one pipelined ``XADD``
+per hook, then ``BLMPOP`` until every reply is in) and answers with one ``RPUSH`` + ``XACK``.
+Messages are JSON of the same size as HookBus's, parsed with msgspec into the two or three
+fields the floor needs.
+
+Each process pushes its name to ``{p}:ready`` once it is reading, and exits when its parent
+does (it is only ever a child of the benchmark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+GROUP = "workers"
+SERVICE_GROUP = "coordinators"
+BLOCK_MS = 200  # what HookWorker uses; it only bounds how fast a stop is noticed
+
+
+class FloorRequest(msgspec.Struct):
+    """What a floor hook reads of a request (the rest of the JSON is skipped)."""
+
+    id: str
+    reply_to: str
+
+
+class FloorReply(msgspec.Struct):
+    """What anyone reads of a reply."""
+
+    request_id: str
+
+
+CONTINUE = msgspec.Raw(b'{"type":"Continue"}')
+_encode = msgspec.json.Encoder().encode
+_request = msgspec.json.Decoder(FloorRequest).decode
+_reply = msgspec.json.Decoder(FloorReply).decode
+
+
+def requests_key(prefix: str, hook: str) -> str:
+    return f"{prefix}:hook:{hook}:requests"
+
+
+def connect(url: str) -> Redis:
+    return Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def orphaned(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+async def hook(url: str, prefix: str, name: str) -> None:
+    """One floor hook: answer Continue to every request, one pipelined round trip each."""
+    parent = os.getppid()
+    redis = connect(url)
+    stream = requests_key(prefix, name)
+    await ensure_group(redis, stream, GROUP)
+    await redis.rpush(f"{prefix}:ready", name)
+    while not orphaned(parent):
+        response: Any = await redis.xreadgroup(GROUP, name, {stream: ">"}, count=32, block=BLOCK_MS)
+        for _, entries in response or ():
+            for entry_id, fields in entries:
+                request = _request(fields[b"data"])
+                reply = _encode({"request_id": request.id, "hook": name, "action": CONTINUE})
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.rpush(request.reply_to, reply)
+                    pipe.xack(stream, GROUP, entry_id)
+                    await pipe.execute()
+
+
+async def fan_out(
+    redis: Redis, inbox: str, streams: list[str], payloads: list[bytes], ids: list[str]
+) -> int:
+    """One pipelined XADD per hook, then BLMPOP until each reply is in; the number of replies."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream, payload in zip(streams, payloads, strict=True):
+            pipe.xadd(stream, {"data": payload})
+        await pipe.execute()
+    waiting = set(ids)
+    while waiting:
+        popped: Any = await redis.blmpop(5, 1, inbox, direction="LEFT", count=len(ids))
+        if popped is None:
+            raise TimeoutError(f"{len(waiting)} of {len(ids)} floor replies missing after 5 s")
+        for data in popped[1]:
+            waiting.discard(_reply(data).request_id)
+    return len(ids)
+
+
+def hook_request(name: str, session_id: str, context: msgspec.Raw, inbox: str) -> tuple[str, bytes]:
+    """A request of HookBus's size: the same envelope fields, the same context."""
+    request_id = os.urandom(16).hex()
+    payload = _encode(
+        {
+            "v": 1,
+            "id": request_id,
+            "ts": 0,
+            "hook": name,
+            "event": "PreToolUse",
+            "session_id": session_id,
+            "context": context,
+            "deadline": 0,
+            "reply_to": inbox,
+        }
+    )
+    return request_id, payload
+
+
+class FloorDecision(msgspec.Struct):
+    """What the floor service reads of a decision request."""
+
+    id: str
+    reply_to: str
+    context: msgspec.Raw
+    session_id: str = ""
+
+
+async def service(url: str, prefix: str, names: list[str]) -> None:
+    """A floor coordinator service: read a decision, fan it out, answer; one at a time."""
+    parent = os.getppid()
+    redis = connect(url)
+    decisions = f"{prefix}:decisions"
+    inbox = f"{prefix}:inbox:floor-service-{os.getpid()}"
+    streams = [requests_key(prefix, n) for n in names]
+    decode = msgspec.json.Decoder(FloorDecision).decode
+    await ensure_group(redis, decisions, SERVICE_GROUP)
+    await redis.rpush(f"{prefix}:ready", "service")
+    while not orphaned(parent):
+        response: Any = await redis.xreadgroup(
+            SERVICE_GROUP, "floor", {decisions: ">"}, count=64, block=BLOCK_MS
+        )
+        for _, entries in response or ():
+            for entry_id, fields in entries:
+                decision = decode(fields[b"data"])
+                ids: list[str] = []
+                payloads: list[bytes] = []
+                for name in names:
+                    request_id, payload = hook_request(
+                        name, decision.session_id, decision.context, inbox
+                    )
+                    ids.append(request_id)
+                    payloads.append(payload)
+                answered = await fan_out(redis, inbox, streams, payloads, ids)
+                reply = _encode(
+                    {
+                        "request_id": decision.id,
+                        "status": "ok",
+                        "result": {"action": CONTINUE, "hooks": answered},
+                    }
+                )
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.rpush(decision.reply_to, reply)
+                    pipe.xack(decisions, SERVICE_GROUP, entry_id)
+                    await pipe.execute()
+
+
+async def faststream_subscriber(url: str, prefix: str, name: str) -> None:
+    """A FastStream 0.7 subscriber on a stream that answers every request (reference only)."""
+    from faststream.redis import RedisBroker, StreamSub
+
+    parent = os.getppid()
+    broker = RedisBroker(url)
+
+    @broker.subscriber(stream=StreamSub(requests_key(prefix, name), group=GROUP, consumer=name))
+    async def handle(body: dict[str, Any]) -> dict[str, Any]:
+        return {"request_id": body.get("id", ""), "hook": name, "action": {"type": "Continue"}}
+
+    await broker.start()
+    try:
+        redis = connect(url)
+        await redis.rpush(f"{prefix}:ready", name)
+        while not orphaned(parent):
+            await asyncio.sleep(0.2)
+    finally:
+        await broker.stop()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[0] not in ("worker", "service", "faststream"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    kind, url, prefix, *names = argv
+    if kind == "worker":
+        asyncio.run(hook(url, prefix, names[0]))
+    elif kind == "service":
+        asyncio.run(service(url, prefix, names))
+    else:
+        asyncio.run(faststream_subscriber(url, prefix, names[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,325 @@
+"""The async hook service: one AsyncAgentHook as a consumer group on the events stream.
+
+``hookbus worker MODULE:AsyncHookClass`` joins the group named after the hook on ``{p}:events``
+(and on its own replay stream, ``{p}:hook:{name}:replay``); its replicas share the group.
+
+* Batches: XREADGROUP COUNT ``batch_size``; each event runs under the async timeout (5 s);
+  every entry handled in a batch is acknowledged in one XACK.
+* At least once: an entry is acknowledged only after the hook returned. One that failed stays
+  pending; once idle past ``claim_idle_secs`` any live replica claims it (XAUTOCLAIM) and runs
+  it again, so a replica killed mid-batch loses nothing.
+* Dead letters: a malformed entry goes to ``{p}:dlq`` at once; an entry delivered more than
+  ``max_deliveries`` times goes there with the hook, the last failure and the delivery count.
+* A lost stream or group (NOGROUP) is recreated and logged. Stopping finishes the batch in hand,
+  acknowledges it, and leaves the rest pending for the other replicas.
+
+Why not a FastStream stream subscriber here: it acknowledges a batch as one unit (one bad event
+would hold back the good ones), has no delivery count to dead-letter on, and stops on NOGROUP;
+the consumer-group protocol is small enough that owning it is simpler than working around that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+from redis.exceptions import ResponseError
+
+from bus.errors import ProtocolError
+from bus.events import TOOL_EVENTS, tool_of
+from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_event, spec_of
+from bus.keys import Keys, check_name
+from bus.protocol import (
+    DATA_FIELD,
+    ControlMessage,
+    EventMessage,
+    HookManifest,
+    decode,
+    decode_context,
+    encode,
+    new_id,
+    now_ms,
+)
+from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, ensure_group
+from bus.retention import trim_events
+from bus.settings import BusSettings, HookSettings
+
+log = logging.getLogger("hookbus.async")
+FAILURE_TTL_SECS = 86_400
+_DATA = DATA_FIELD.encode()
+
+
+class AsyncHookWorker:
+    """One replica of one async hook service.
+
+    Args:
+        hook: the AsyncAgentHook to run.
+        settings: Redis URL, prefix and timings.
+        start: where a new group starts on the events stream: "$" (new events only, the
+            default), "0" (all retained history), or a stream id. An existing group keeps its
+            position (use ``hookbus replay`` to re-feed a range).
+        batch_size: entries read at once.
+        max_deliveries: deliveries before an entry is dead-lettered.
+    """
+
+    def __init__(
+        self,
+        hook: AsyncAgentHook,
+        settings: BusSettings,
+        hook_settings: HookSettings | None = None,
+        *,
+        start: str = "$",
+        batch_size: int = 100,
+        max_deliveries: int = 5,
+    ) -> None:
+        self.hook = hook
+        self.spec = spec_of(hook)
+        self.group = check_name("hook name", self.spec.name)
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.streams = (self.keys.events, self.keys.replay(self.group))
+        self.start = start
+        self.batch_size = batch_size
+        self.max_deliveries = max_deliveries
+        self.timeout = self.spec.timeout or (hook_settings or HookSettings()).async_timeout_secs
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
+        self.redis = connect(settings)
+        self.stats = {"handled": 0, "failed": 0, "dead_lettered": 0, "claimed": 0, "skipped": 0}
+        self.registered = asyncio.Event()
+        self._busy = asyncio.Lock()  # one batch at a time: the read loop or the claimer
+
+    # -- registration ------------------------------------------------------------------------
+
+    async def register(self) -> None:
+        manifest = HookManifest.of(self.spec, "async", now_ms())
+        await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
+        await ensure_group(self.redis, self.keys.events, self.group, start=self.start)
+        await ensure_group(self.redis, self.streams[1], self.group, start="0")
+        await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+        note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
+        await self.redis.publish(self.keys.control, encode(note))
+        self.registered.set()
+        log.info("async hook %s replica %s reading %s", self.group, self.replica, self.streams[0])
+
+    async def deregister(self) -> None:
+        await self.redis.zrem(self.keys.replicas(self.group), self.replica)
+
+    # -- the service loop ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Handle events until ``stop`` is set; the batch in hand is finished first."""
+        while not stop.is_set():
+            try:
+                await self.register()
+                break
+            except UNREACHABLE as exc:
+                log.warning("Redis unreachable (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+        keeper = asyncio.create_task(self._keep_alive(stop))
+        try:
+            await self._read_loop(stop)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            async with self._busy:  # a claimed batch in hand finishes too
+                pass
+            with contextlib.suppress(*UNREACHABLE):
+                await self.deregister()
+            await self.redis.aclose()
+            close = getattr(self.hook, "close", None)
+            if callable(close):
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+            log.info("async hook %s replica %s stopped: %s", self.group, self.replica, self.stats)
+
+    async def _read_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                batches = await self._read()
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("events stream or group %s vanished; recreating it", self.group)
+                await ensure_group(self.redis, self.keys.events, self.group, start="0")
+                await ensure_group(self.redis, self.streams[1], self.group, start="0")
+                continue
+            except UNREACHABLE as exc:
+                log.warning("Redis unreachable (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for stream, entries in batches:
+                async with self._busy:
+                    await self.process(stream, entries)
+
+    async def _read(self) -> list[tuple[str, list[Entry]]]:
+        response: Any = await self.redis.xreadgroup(
+            self.group,
+            self.replica,
+            dict.fromkeys(self.streams, ">"),
+            count=self.batch_size,
+            block=200,
+        )
+        out: list[tuple[str, list[Entry]]] = []
+        for stream, entries in response or ():
+            name = stream.decode() if isinstance(stream, bytes) else stream
+            out.append((name, cast(list[Entry], entries)))
+        return out
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    async def process(self, stream: str, entries: Sequence[Entry]) -> None:
+        """Run the hook on ``entries``; acknowledge what it handled, dead-letter what is bad."""
+        acks: list[bytes] = []
+        dead: list[dict[Any, Any]] = []
+        todo: list[tuple[bytes, DeliveredEvent]] = []
+        for entry_id, fields in entries:
+            data = (fields or {}).get(_DATA)
+            try:
+                if data is None:
+                    raise ProtocolError(f"entry has no {DATA_FIELD!r} field", "$")
+                message = decode(data, EventMessage)
+                ctx = decode_context(message.event, message.context)
+            except ProtocolError as exc:
+                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
+                dead.append(dead_letter_entry(stream, str(exc), data or b"", **extra))
+                acks.append(entry_id)
+                continue
+            if not self._wants(message.event, ctx):
+                self.stats["skipped"] += 1
+                acks.append(entry_id)
+                continue
+            todo.append((entry_id, DeliveredEvent(message.id, message.event, message.ts, ctx)))
+        failures: dict[bytes, str] = {}
+        if todo:
+            if self.hook.handles_batches:
+                why = await self._call(self.hook.on_batch([d for _, d in todo]), None)
+                failures = {entry_id: why for entry_id, _ in todo} if why else {}
+            else:
+                reasons = await asyncio.gather(*(self._call_one(d) for _, d in todo))
+                failures = {
+                    entry_id: why for (entry_id, _), why in zip(todo, reasons, strict=True) if why
+                }
+            acks.extend(entry_id for entry_id, _ in todo if entry_id not in failures)
+        self.stats["handled"] += len(todo) - len(failures)
+        self.stats["failed"] += len(failures)
+        self.stats["dead_lettered"] += len(dead)
+        await self._settle(stream, acks, dead, failures)
+
+    def _wants(self, event: Any, ctx: Any) -> bool:
+        if not self.spec.subscribes(event):
+            return False
+        if event in TOOL_EVENTS:
+            name, args = tool_of(ctx)
+            return name is None or self.spec.match_filter.matches(name, args)
+        return True
+
+    async def _call_one(self, delivered: DeliveredEvent) -> str | None:
+        method = getattr(self.hook, ASYNC_METHODS[delivered.event])
+        return await self._call(method(delivered.context), delivered)
+
+    async def _call(self, coro: Any, delivered: DeliveredEvent | None) -> str | None:
+        """None if the hook returned, else why it did not."""
+        current_event.set(delivered)
+        try:
+            await asyncio.wait_for(coro, self.timeout)
+        except TimeoutError:
+            return f"timed out after {self.timeout:g}s"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    async def _settle(
+        self, stream: str, acks: list[bytes], dead: list[dict[Any, Any]], failed: dict[bytes, str]
+    ) -> None:
+        """Dead letters, failure reasons and acknowledgements in one round trip."""
+        if not (acks or dead or failed):
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry in dead:
+                pipe.xadd(self.keys.dlq, entry, maxlen=100_000, approximate=True)
+            if failed:
+                pipe.hset(self.keys.failures(self.group), mapping=failed)  # type: ignore[arg-type]
+                pipe.expire(self.keys.failures(self.group), FAILURE_TTL_SECS)
+            if acks:
+                pipe.xack(stream, self.group, *acks)
+            await pipe.execute()
+        for entry_id, why in failed.items():
+            log.warning("%s failed on %s (will retry): %s", self.group, entry_id.decode(), why)
+
+    # -- liveness, claiming, retention ---------------------------------------------------------
+
+    async def _keep_alive(self, stop: asyncio.Event) -> None:
+        last_trim = 0.0
+        while not stop.is_set():
+            try:
+                await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+                for stream in self.streams:
+                    await self._claim(stream)
+                if time.monotonic() - last_trim > 10:
+                    last_trim = time.monotonic()
+                    await trim_events(self.redis, self.keys, self.settings.events_maxlen)
+            except ResponseError as exc:
+                log.debug("claim skipped: %s", exc)
+            except UNREACHABLE as exc:
+                log.debug("keep-alive failed: %s", exc)
+            await asyncio.sleep(min(self.settings.heartbeat_secs, self.settings.claim_idle_secs))
+
+    async def _claim(self, stream: str) -> None:
+        idle_ms = int(self.settings.claim_idle_secs * 1000)
+        result: Any = await self.redis.xautoclaim(
+            stream, self.group, self.replica, idle_ms, start_id="0-0", count=self.batch_size
+        )
+        claimed = [(i, f) for i, f in cast(list[Entry], result[1]) if f is not None]
+        if not claimed:
+            return
+        self.stats["claimed"] += len(claimed)
+        counts = await self._deliveries(stream, [i for i, _ in claimed])
+        retry = [(i, f) for i, f in claimed if counts.get(i, 1) <= self.max_deliveries]
+        give_up = [(i, f) for i, f in claimed if counts.get(i, 1) > self.max_deliveries]
+        if give_up:
+            await self._bury(stream, give_up, counts)
+        if retry:
+            async with self._busy:
+                await self.process(stream, retry)
+
+    async def _deliveries(self, stream: str, ids: list[bytes]) -> dict[bytes, int]:
+        rows: Any = await self.redis.xpending_range(
+            stream, self.group, min=ids[0], max=ids[-1], count=len(ids) * 2 + 10,
+            consumername=self.replica,
+        )  # fmt: skip
+        return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+
+    async def _bury(self, stream: str, entries: list[Entry], counts: dict[bytes, int]) -> None:
+        """Dead-letter entries that failed ``max_deliveries`` times, with the last reason."""
+        reasons: Any = await self.redis.hmget(
+            self.keys.failures(self.group), [i for i, _ in entries]
+        )
+        dead = []
+        for (entry_id, fields), reason in zip(entries, reasons, strict=True):
+            why = reason.decode() if reason else "no reason recorded (the replica died)"
+            n = counts.get(entry_id, self.max_deliveries + 1) - 1
+            dead.append(
+                dead_letter_entry(
+                    stream,
+                    f"failed {n} deliveries; last: {why}",
+                    fields.get(_DATA, b""),
+                    hook=self.group,
+                    entry_id=entry_id.decode(),
+                    deliveries=str(n),
+                )
+            )
+            log.error("%s gave up on %s after %d deliveries: %s", self.group, entry_id, n, why)
+        self.stats["dead_lettered"] += len(dead)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry in dead:
+                pipe.xadd(self.keys.dlq, entry, maxlen=100_000, approximate=True)
+            pipe.xack(stream, self.group, *[i for i, _ in entries])
+            pipe.hdel(self.keys.failures(self.group), *[i for i, _ in entries])
+            await pipe.execute()

@@ -1,0 +1,119 @@
+"""The audit log as an async hook service: one row per event, written exactly once.
+
+``hookbus worker workers.audit:AsyncAuditLogHook`` with ``HOOKBUS_AUDIT_DB`` set to a SQLite
+file (default ``hookbus-audit.db``) or a ``postgresql://`` URL. Rows go to table
+``agent_audit_events`` keyed by the event id, so a redelivered event (at-least-once delivery)
+never adds a second row. Batches are written in one transaction and acknowledged after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from bus import AsyncAgentHook
+from bus.hooks import DeliveredEvent
+
+PREVIEW_CHARS = 200
+COLUMNS = ("event_id", "event", "session_id", "tool_name", "status", "output_preview", "ts")
+SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agent_audit_events (
+    event_id TEXT PRIMARY KEY, event TEXT NOT NULL, session_id TEXT, tool_name TEXT,
+    status TEXT NOT NULL, output_preview TEXT, ts TEXT NOT NULL
+)"""
+POSTGRES_SCHEMA = SQLITE_SCHEMA.replace("TEXT PRIMARY KEY", "TEXT PRIMARY KEY")
+
+
+def audit_row(d: DeliveredEvent) -> tuple[str, ...]:
+    """The audit row of one event."""
+    ctx = d.context
+    session = getattr(ctx, "session_id", None) or getattr(ctx, "parent_session_id", "")
+    tool = getattr(ctx, "tool_name", None) or ""
+    if d.event.value == "PostToolUse":
+        status, preview = ("FAIL" if ctx.is_error else "OK"), ctx.output_content
+    elif d.event.value == "PostToolUseFailure":
+        status, preview = "FAIL", ctx.error_message
+    elif d.event.value == "OnSessionStop":
+        status, preview = "SESSION_STOP", ctx.terminal.value
+    else:
+        status, preview = d.event.value, ""
+    when = dt.datetime.fromtimestamp(d.ts / 1000, dt.UTC).isoformat()
+    return (d.id, d.event.value, session, tool, status, preview[:PREVIEW_CHARS], when)
+
+
+class AsyncAuditLogHook(AsyncAgentHook):
+    """Writes one audit row per event, idempotent on the event id."""
+
+    name = "AsyncAuditLogHook"
+    handles_batches = True
+
+    def __init__(self, target: str | None = None) -> None:
+        self.target = target or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db"
+        self.postgres = self.target.startswith(("postgresql://", "postgres://"))
+        self._pool: Any = None
+        self._lock = asyncio.Lock()
+
+    async def on_batch(self, batch: Sequence[DeliveredEvent]) -> None:
+        rows = [audit_row(d) for d in batch]
+        if self.postgres:
+            await self._write_postgres(rows)
+        else:
+            await asyncio.to_thread(self._write_sqlite, rows)
+
+    def _write_sqlite(self, rows: list[tuple[str, ...]]) -> None:
+        conn = sqlite3.connect(self.target, timeout=30)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            with conn:
+                conn.execute(SQLITE_SCHEMA)
+                conn.executemany(
+                    f"INSERT OR IGNORE INTO agent_audit_events ({', '.join(COLUMNS)}) "
+                    f"VALUES ({', '.join('?' for _ in COLUMNS)})",
+                    rows,
+                )
+        finally:
+            conn.close()
+
+    async def _write_postgres(self, rows: list[tuple[str, ...]]) -> None:
+        import asyncpg
+
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(self.target, min_size=1, max_size=2)
+                async with self._pool.acquire() as conn:
+                    await conn.execute(POSTGRES_SCHEMA)
+        placeholders = ", ".join(f"${i}" for i in range(1, len(COLUMNS) + 1))
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.executemany(
+                f"INSERT INTO agent_audit_events ({', '.join(COLUMNS)}) VALUES ({placeholders}) "
+                "ON CONFLICT (event_id) DO NOTHING",
+                rows,
+            )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def count(self) -> int:
+        """Rows in the audit table (for operators and tests)."""
+        if self.postgres:
+            import asyncpg
+
+            conn = await asyncpg.connect(self.target)
+            try:
+                return int(await conn.fetchval("SELECT count(*) FROM agent_audit_events"))
+            finally:
+                await conn.close()
+        return await asyncio.to_thread(self._count_sqlite)
+
+    def _count_sqlite(self) -> int:
+        conn = sqlite3.connect(self.target, timeout=30)
+        try:
+            return int(conn.execute("SELECT count(*) FROM agent_audit_events").fetchone()[0])
+        finally:
+            conn.close()
