@@ -1,4 +1,5 @@
-"""The ``hookbus`` command line: run the demo, serve hooks, coordinate, cancel sessions."""
+"""The ``hookbus`` command line: run the demo, serve hooks, coordinate, cancel sessions, and
+look at a running bus (``hooks list``, ``lag``, ``events tail``, ``dlq …``, ``metrics``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,23 @@ import asyncio
 import logging
 import signal
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
 from bus.settings import BusSettings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from bus.keys import Keys
+
+T = TypeVar("T")
 
 
 def _settings(args: argparse.Namespace) -> BusSettings:
@@ -106,6 +120,251 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- looking at a running bus ------------------------------------------------------------------
+
+
+def _with_redis(
+    args: argparse.Namespace, work: Callable[[Redis, Keys, BusSettings], Awaitable[T]]
+) -> T:
+    """Run ``work`` with a client on the bus's Redis, closed afterwards."""
+    from bus.keys import Keys
+    from bus.redis_io import connect
+
+    settings = _settings(args)
+
+    async def run() -> T:
+        redis = connect(settings)
+        try:
+            return await work(redis, Keys(settings.prefix), settings)
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def _hooks_list(args: argparse.Namespace) -> int:
+    from workers.operator import list_hooks, make_console, render_hooks
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        rows = await list_hooks(redis, keys, settings.liveness_secs)
+        make_console().print(render_hooks(rows, keys, settings.liveness_secs))
+
+    _with_redis(args, work)
+    return 0
+
+
+def _lag(args: argparse.Namespace) -> int:
+    from workers.operator import consumer_lag, make_console, render_lag
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        rows = await consumer_lag(redis, keys, settings.events_maxlen, settings.requests_maxlen)
+        make_console().print(render_lag(rows))
+
+    _with_redis(args, work)
+    return 0
+
+
+def _events_tail(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from bus.events import HookEvent
+    from workers.operator import (
+        event_matches,
+        events_end,
+        follow_events,
+        make_console,
+        render_event,
+    )
+
+    events = {HookEvent.parse(e).value for e in args.event or ()}
+    sessions = set(args.session or ())
+    if args.count is not None and args.count <= 0:
+        raise _usage("--count must be a positive number of events")
+    out, err = make_console(), make_console(stderr=True)
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        start = await events_end(redis, keys)
+        err.print(f"following {keys.events} after {start} (Ctrl-C to stop)", markup=False)
+        shown = 0
+        async with contextlib.aclosing(follow_events(redis, keys, start, stop)) as stream:
+            async for event in stream:
+                if event.problem:  # not an event at all: said on stderr, never counted
+                    err.print(render_event(event), soft_wrap=True)
+                    continue
+                if not event_matches(event, sessions, events):
+                    continue
+                out.print(render_event(event), soft_wrap=True)
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    return
+
+    _with_redis(args, work)
+    return 0
+
+
+def _dlq_list(args: argparse.Namespace) -> int:
+    from bus.keys import check_name
+    from workers.operator import list_dead_letters, make_console, render_dead_letters
+
+    hook = check_name("hook name", args.hook) if args.hook else None
+    if args.limit <= 0:
+        raise _usage("--limit must be a positive number of entries")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        letters, more = await list_dead_letters(redis, keys, hook, args.limit)
+        make_console().print(render_dead_letters(letters, more, keys, hook))
+
+    _with_redis(args, work)
+    return 0
+
+
+def _dlq_show(args: argparse.Namespace) -> int:
+    from workers.operator import check_stream_id, get_dead_letter, make_console, render_dead_letter
+
+    entry_id = check_stream_id(args.id)
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+        letter = await get_dead_letter(redis, keys, entry_id)
+        if letter is None:
+            print(f"hookbus: no dead letter {entry_id} in {keys.dlq}", file=sys.stderr)
+            return 1
+        make_console().print(render_dead_letter(letter))
+        return 0
+
+    return _with_redis(args, work)
+
+
+def _with_progress(
+    total: int, what: str, run: Callable[[Callable[[int], None] | None], int]
+) -> int:
+    """``run(progress)``, with a progress bar on stderr when there are many entries."""
+    from rich.progress import Progress
+
+    from workers.operator import MANY, make_console
+
+    if total < MANY:
+        return run(None)
+    with Progress(console=make_console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        return run(lambda n: bar.advance(task, n))
+
+
+def _dlq_replay(args: argparse.Namespace) -> int:
+    from bus.keys import check_name
+    from workers.operator import count_dead_letters, list_hooks
+    from workers.replay import replay_dead_letters
+
+    hook = check_name("hook name", args.hook)
+
+    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, int, str]:
+        total, _ = await count_dead_letters(redis, keys, hook)
+        rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
+        return total, rows[0].live if rows else 0, keys.replay(hook)
+
+    total, live, replay_stream = _with_redis(args, count)
+    if total == 0:
+        print(f"no dead letters of {hook}: nothing re-fed")
+        return 0
+
+    def run(progress: Callable[[int], None] | None) -> int:
+        async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+            return await replay_dead_letters(redis, keys, hook, progress)
+
+        return _with_redis(args, work)
+
+    done = _with_progress(total, f"re-feeding {hook}", run)
+    print(f"re-fed {_entries(done)} to {hook}")
+    if not live:
+        print(f"note: {hook} has no live replica; they wait in {replay_stream} until one starts")
+    return 0
+
+
+def _dlq_purge(args: argparse.Namespace) -> int:
+    from bus.keys import check_name
+    from workers.operator import count_dead_letters, purge_dead_letters
+
+    hook = check_name("hook name", args.hook) if args.hook else None
+    whose = f" of {hook}" if hook else ""
+
+    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, str | None]:
+        return await count_dead_letters(redis, keys, hook)
+
+    total, newest = _with_redis(args, count)
+    if total == 0 or newest is None:
+        print(f"no dead letters{whose}: nothing to delete")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                f"hookbus: not deleting {_entries(total)}{whose} without confirmation; "
+                "stdin is not a terminal, so pass --yes",
+                file=sys.stderr,
+            )
+            return 2
+        from rich.prompt import Confirm
+
+        try:
+            sure = Confirm.ask(f"delete {_entries(total)}{whose}?", default=False)
+        except EOFError:
+            sure = False
+        if not sure:
+            print("nothing deleted")
+            return 0
+
+    def run(progress: Callable[[int], None] | None) -> int:
+        async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+            return await purge_dead_letters(redis, keys, hook, newest, progress)
+
+        return _with_redis(args, work)
+
+    done = _with_progress(total, "deleting", run)
+    print(f"deleted {_entries(done)}{whose}")
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from workers.operator import collect_metrics, make_console, render_metrics
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        make_console().print(render_metrics(await collect_metrics(redis, keys)))
+
+    _with_redis(args, work)
+    return 0
+
+
+def _entries(n: int) -> str:
+    return f"{n} dead letter" + ("" if n == 1 else "s")
+
+
+class _UsageError(HookBusError):
+    """A bad option value (reported as one line, like every HookBusError)."""
+
+
+def _usage(message: str) -> _UsageError:
+    return _UsageError(message)
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    try:
+        return _redacted(_settings(args).redis_url)
+    except HookBusError:
+        return "?"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hookbus", description="Lifecycle hooks for AI agents, embedded or over Redis."
@@ -162,6 +421,48 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = with_redis(sub.add_parser("cancel", help="cancel a session wherever it runs"))
     cancel.add_argument("session_id")
     cancel.set_defaults(func=_cancel)
+
+    hooks = sub.add_parser("hooks", help="the hooks registered on the bus")
+    hooks_sub = hooks.add_subparsers(dest="action", required=True, metavar="ACTION")
+    hooks_list = with_redis(
+        hooks_sub.add_parser("list", help="every hook: kind, events, filters, live replicas")
+    )
+    hooks_list.set_defaults(func=_hooks_list)
+
+    lag = with_redis(
+        sub.add_parser("lag", help="per consumer group: lag, pending, oldest pending, consumers")
+    )
+    lag.set_defaults(func=_lag)
+
+    events = sub.add_parser("events", help="the lifecycle events stream")
+    events_sub = events.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tail = with_redis(events_sub.add_parser("tail", help="print new events as they arrive"))
+    tail.add_argument("--session", action="append", metavar="S", help="only this session")
+    tail.add_argument("--event", action="append", metavar="E", help="only this event name")
+    tail.add_argument("--count", type=int, metavar="N", help="exit after N matching events")
+    tail.set_defaults(func=_events_tail)
+
+    dlq = sub.add_parser("dlq", help="the dead-letter stream")
+    dlq_sub = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
+    dlq_list = with_redis(dlq_sub.add_parser("list", help="the newest dead letters"))
+    dlq_list.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
+    dlq_list.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (50)")
+    dlq_list.set_defaults(func=_dlq_list)
+    dlq_show = with_redis(dlq_sub.add_parser("show", help="every field of one dead letter"))
+    dlq_show.add_argument("id", metavar="ID", help="its stream id (from dlq list)")
+    dlq_show.set_defaults(func=_dlq_show)
+    dlq_replay = with_redis(
+        dlq_sub.add_parser("replay", help="re-feed an async hook's dead letters to it")
+    )
+    dlq_replay.add_argument("hook", metavar="HOOK", help="the async hook's name")
+    dlq_replay.set_defaults(func=_dlq_replay)
+    dlq_purge = with_redis(dlq_sub.add_parser("purge", help="delete dead letters"))
+    dlq_purge.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
+    dlq_purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dlq_purge.set_defaults(func=_dlq_purge)
+
+    metrics = with_redis(sub.add_parser("metrics", help="figures collected by metrics hooks"))
+    metrics.set_defaults(func=_metrics)
     return parser
 
 
@@ -175,6 +476,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except HookBusError as exc:
         print(f"hookbus: {exc}", file=sys.stderr)
+        return 2
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        print(f"hookbus: cannot reach Redis at {_redis_url(args)}: {exc}", file=sys.stderr)
+        return 2
+    except RedisError as exc:
+        print(f"hookbus: Redis answered with an error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

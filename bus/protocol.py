@@ -196,9 +196,11 @@ def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
     try:
         ctx: HookContext = msgspec.json.decode(bytes(raw), type=kind)  # type: ignore[assignment]
     except msgspec.DecodeError as exc:
-        err = _protocol_error(f"{event.value} context", exc)
-        err.field = err.field.replace("$", "$.context", 1) if err.field else "$.context"
-        raise err from exc
+        text = str(exc).replace("`$", "`$.context", 1)
+        match = _PATH.search(text)
+        raise ProtocolError(
+            f"malformed {event.value} context: {text}", match.group(1) if match else "$.context"
+        ) from exc
     return ctx
 
 

@@ -31,6 +31,12 @@ def connect(settings: BusSettings) -> Redis:
     )
 
 
+def group_lost(exc: ResponseError) -> bool:
+    """NOGROUP, or a blocked read woken because its stream was deleted: recreate the group."""
+    text = str(exc)
+    return "NOGROUP" in text or "no longer exists" in text
+
+
 async def ensure_group(redis: Redis, stream: str, group: str, start: str = "$") -> None:
     """Create ``group`` on ``stream`` (and the stream) unless it exists."""
     try:

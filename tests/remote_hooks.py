@@ -12,7 +12,8 @@ from typing import Any
 
 import msgspec
 
-from bus import HookAction, HookEvent, ToolMatchFilter
+from bus import AsyncAgentHook, HookAction, HookEvent, ToolMatchFilter
+from bus.hooks import ASYNC_METHODS, current_event
 from tests.hooks_for_tests import Recorder
 
 
@@ -58,3 +59,41 @@ class Scripted(Recorder):
         if self.raises:
             raise RuntimeError(f"{self.name} exploded")
         return self.config.answers.get(event.value)
+
+
+class AsyncConfig(msgspec.Struct, kw_only=True):
+    name: str
+    fail_session: str = ""  # events of this session raise ...
+    fixed_flag: str = ""  # ... until this file exists
+    record: str = ""  # a file each handled event id is appended to
+    events: list[HookEvent] = msgspec.field(default_factory=list)
+
+
+class ScriptedAsync(AsyncAgentHook):
+    """An async hook that records event ids and fails on one session until 'fixed'."""
+
+    def __init__(self, config: AsyncConfig | None = None) -> None:
+        if config is None:
+            config = msgspec.json.decode(os.environ["HOOKBUS_TEST_ASYNC"], type=AsyncConfig)
+        self.config = config
+        self.name = config.name  # type: ignore[misc]
+        self.subscribed_events = tuple(config.events)  # type: ignore[misc]
+
+    async def _handle(self, ctx: Any) -> None:
+        event = current_event.get()
+        assert event is not None
+        session = getattr(ctx, "session_id", "") or getattr(ctx, "parent_session_id", "")
+        fixed = self.config.fixed_flag and os.path.exists(self.config.fixed_flag)
+        if self.config.fail_session and session == self.config.fail_session and not fixed:
+            raise RuntimeError(f"cannot handle session {session}")
+        if self.config.record:
+            with open(self.config.record, "a") as f:
+                f.write(f"{event.id}\n")
+
+
+for _event, _method in ASYNC_METHODS.items():
+
+    async def _forward(self: ScriptedAsync, ctx: Any) -> None:
+        await self._handle(ctx)
+
+    setattr(ScriptedAsync, _method, _forward)

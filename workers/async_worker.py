@@ -46,7 +46,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, ensure_group
+from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, ensure_group, group_lost
 from bus.retention import trim_events
 from bus.settings import BusSettings, HookSettings
 
@@ -144,8 +144,10 @@ class AsyncHookWorker:
             try:
                 batches = await self._read()
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
+                if not group_lost(exc):
+                    log.error("Redis refused a read (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
                 log.warning("events stream or group %s vanished; recreating it", self.group)
                 await ensure_group(self.redis, self.keys.events, self.group, start="0")
                 await ensure_group(self.redis, self.streams[1], self.group, start="0")

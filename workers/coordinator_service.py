@@ -31,7 +31,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import dead_letter, ensure_group, read_group
+from bus.redis_io import dead_letter, ensure_group, group_lost, read_group
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
@@ -104,10 +104,13 @@ class CoordinatorService:
                 )
                 backoff = 0.1
             except ResponseError as exc:
-                if "NOGROUP" in str(exc):
+                if group_lost(exc):
+                    log.warning("decision stream or group vanished; recreating it")
                     await self._ensure_group()
-                    continue
-                raise
+                else:
+                    log.error("Redis refused a read (%s); retrying", exc)
+                    await asyncio.sleep(backoff)
+                continue
             except (RedisError, OSError) as exc:
                 log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)

@@ -43,7 +43,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import connect, dead_letter, ensure_group, read_group
+from bus.redis_io import connect, dead_letter, ensure_group, group_lost, read_group
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
@@ -179,11 +179,13 @@ class HookWorker:
                 )
                 backoff = 0.1
             except ResponseError as exc:
-                if "NOGROUP" in str(exc):
+                if group_lost(exc):
                     log.warning("request stream or group vanished; recreating it")
                     await self._retry(self._ensure_group, stop)
-                    continue
-                raise
+                else:
+                    log.error("Redis refused a read (%s); retrying", exc)
+                    await asyncio.sleep(backoff)
+                continue
             except (RedisError, OSError) as exc:
                 log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)

@@ -1,0 +1,247 @@
+"""Async hooks as consumer-group workers: at least once, dead letters, replay, backfill."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from bus import PostToolUseContext, StepCompleteContext
+from bus.events import HookEvent
+from bus.keys import Keys
+from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
+from bus.settings import BusSettings
+from tests.harness import ROOT, Processes, wait_for, worker_env
+from tests.remote_hooks import AsyncConfig
+
+SQLITE_ROWS = "SELECT count(*) FROM agent_audit_events"
+
+
+def event(i: int, session: str = "s") -> bytes:
+    if i % 2:
+        ctx: Any = StepCompleteContext(session_id=session, step=i, max_steps=10**6)
+        name = HookEvent.ON_STEP_COMPLETE
+    else:
+        ctx = PostToolUseContext(session_id=session, tool_name="t", output_content=f"out {i}")
+        name = HookEvent.POST_TOOL_USE
+    message = EventMessage(
+        id=new_id(), ts=now_ms(), event=name, session_id=session, context=raw(ctx)
+    )
+    return encode(message)
+
+
+async def publish(redis: Redis, keys: Keys, payloads: list[bytes], pace: float = 0) -> None:
+    """XADD in pipelined chunks of 1000, ``pace`` seconds apart (a steady agent load)."""
+    for start in range(0, len(payloads), 1000):
+        async with redis.pipeline(transaction=False) as pipe:
+            for p in payloads[start : start + 1000]:
+                pipe.xadd(keys.events, {DATA_FIELD: p})
+            await pipe.execute()
+        if pace:
+            await asyncio.sleep(pace)
+
+
+def async_worker(procs: Processes, settings: BusSettings, cfg: AsyncConfig, *args: str) -> Any:
+    payload = msgspec.json.encode(cfg).decode()
+    return procs.worker(
+        settings, "tests.remote_hooks:ScriptedAsync", cfg.name, *args, HOOKBUS_TEST_ASYNC=payload
+    )
+
+
+def audit_worker(procs: Processes, settings: BusSettings, db: Path, *args: str) -> Any:
+    return procs.worker(
+        settings, "workers.audit:AsyncAuditLogHook", "audit", *args, HOOKBUS_AUDIT_DB=str(db)
+    )
+
+
+def count_rows(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=30) as conn:
+            return int(conn.execute(SQLITE_ROWS).fetchone()[0])
+    except sqlite3.OperationalError:  # the table is created by the first batch
+        return 0
+
+
+def recorded(path: Path) -> set[str]:
+    return set(path.read_text().split()) if path.exists() else set()
+
+
+async def wait_group(redis: Redis, keys: Keys, group: str, replicas: int = 1) -> None:
+    """Until ``replicas`` replicas of the async hook have registered (its group exists)."""
+    deadline = time.monotonic() + 30
+    while await redis.zcard(keys.replicas(group)) < replicas:
+        assert time.monotonic() < deadline, f"{group} never got {replicas} replicas"
+        await asyncio.sleep(0.05)
+
+
+async def test_every_event_handled_at_least_once_while_replicas_are_killed(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """20,000 events, 2 async hooks x 2 replicas, one replica SIGKILLed every 2 s."""
+    total = 20_000
+    keys = Keys(bus_settings.prefix)
+    redis = Redis.from_url(bus_settings.redis_url)
+    db, record = tmp_path / "audit.db", tmp_path / "recorder.txt"
+    cfg = AsyncConfig(name="Recorder", record=str(record))
+    audits = [audit_worker(procs, bus_settings, db) for _ in range(2)]
+    recorders = [async_worker(procs, bus_settings, cfg) for _ in range(2)]
+    try:
+        await wait_group(redis, keys, "AsyncAuditLogHook", 2)
+        await wait_group(redis, keys, "Recorder", 2)
+        payloads = [event(i) for i in range(total)]
+        ids = {msgspec.json.decode(p)["id"] for p in payloads}
+        publisher = asyncio.create_task(publish(redis, keys, payloads, pace=0.6))
+        kills = 0
+        deadline = time.monotonic() + 240
+        while not publisher.done() or count_rows(db) < total or len(recorded(record)) < total:
+            assert time.monotonic() < deadline, (count_rows(db), len(recorded(record)))
+            await asyncio.sleep(2)  # the chaos cadence, not a synchronisation
+            group, index = (audits, kills % 2) if kills % 4 < 2 else (recorders, kills % 2)
+            group[index].send_signal(signal.SIGKILL)
+            group[index].wait()
+            group[index] = (
+                audit_worker(procs, bus_settings, db)
+                if group is audits
+                else async_worker(procs, bus_settings, cfg)
+            )
+            kills += 1
+        await publisher
+        assert kills >= 4
+        assert count_rows(db) == total  # exactly once in the table: idempotent on the event id
+        assert recorded(record) == ids  # every event handled at least once
+    finally:
+        await redis.aclose()
+
+
+async def test_a_poison_event_is_dead_lettered_after_n_deliveries_then_replayed(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    redis = Redis.from_url(bus_settings.redis_url)
+    record, fixed = tmp_path / "seen.txt", tmp_path / "fixed"
+    cfg = AsyncConfig(
+        name="Picky", fail_session="poison", fixed_flag=str(fixed), record=str(record)
+    )
+    async_worker(procs, bus_settings, cfg, "--max-deliveries", "3")
+    try:
+        await wait_group(redis, keys, "Picky")
+        payloads = [event(i) for i in range(20)] + [event(0, session="poison")]
+        await publish(redis, keys, payloads)
+        poison_id = msgspec.json.decode(payloads[-1])["id"]
+
+        async def dlq() -> list[Any]:
+            return list(await redis.xrange(keys.dlq))
+
+        deadline = time.monotonic() + 60
+        while not (entries := await dlq()):
+            assert time.monotonic() < deadline, "the poison event never reached the DLQ"
+            await asyncio.sleep(0.1)
+        [(_, fields)] = entries
+        assert fields[b"hook"] == b"Picky" and fields[b"deliveries"] == b"3"
+        assert b"cannot handle session poison" in fields[b"reason"]
+        assert len(recorded(record)) == 20 and poison_id not in recorded(record)
+
+        fixed.touch()  # the fix is deployed
+        out = subprocess.run(
+            [sys.executable, "-m", "bus.cli", "replay", "Picky", "--dlq"],
+            env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0 and "re-fed 1 dead letters" in out.stdout, out.stderr
+        await wait_for(lambda: poison_id in recorded(record), what="the replayed event")
+        assert await dlq() == []
+    finally:
+        await redis.aclose()
+
+
+async def test_malformed_entries_are_dead_lettered_and_the_worker_goes_on(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    redis = Redis.from_url(bus_settings.redis_url)
+    record = tmp_path / "seen.txt"
+    async_worker(procs, bus_settings, AsyncConfig(name="Sturdy", record=str(record)))
+    try:
+        await wait_group(redis, keys, "Sturdy")
+        bad = [
+            {DATA_FIELD: b"not json"},
+            {DATA_FIELD: b'{"id": "x", "ts": 1, "event": "Nope", "session_id": "s", '
+             b'"context": {}}'},
+            {"other": b"field"},
+            {DATA_FIELD: b'{"id": "x", "ts": 1, "event": "PreToolUse", "session_id": "s", '
+             b'"context": {"session_id": "s", "tool_name": 5}}'},
+        ]  # fmt: skip
+        async with redis.pipeline(transaction=False) as pipe:
+            for i in range(1000):
+                pipe.xadd(keys.events, bad[i % len(bad)])
+            await pipe.execute()
+        good = event(2)
+        await publish(redis, keys, [good])
+        good_id = msgspec.json.decode(good)["id"]
+        await wait_for(lambda: good_id in recorded(record), what="the good event after the bad")
+        deadline = time.monotonic() + 30
+        while (n := await redis.xlen(keys.dlq)) < 1000:
+            assert time.monotonic() < deadline, n
+            await asyncio.sleep(0.05)
+        reasons = {f[b"reason"].decode() for _, f in await redis.xrange(keys.dlq, count=8)}
+        assert any("JSON is malformed" in r for r in reasons)
+        assert any("Invalid enum value 'Nope'" in r for r in reasons)
+        assert any("no 'data' field" in r for r in reasons)
+        assert any("$.context.tool_name" in r for r in reasons)
+        assert await redis.xlen(keys.dlq) == 1000
+    finally:
+        await redis.aclose()
+
+
+async def test_a_new_hook_started_from_0_handles_the_whole_retained_history(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    redis = Redis.from_url(bus_settings.redis_url)
+    try:
+        payloads = [event(i) for i in range(500)]
+        await publish(redis, keys, payloads)
+        record_new, record_late = tmp_path / "new.txt", tmp_path / "late.txt"
+        async_worker(procs, bus_settings, AsyncConfig(name="Backfill", record=str(record_new)),
+                     "--from", "0")  # fmt: skip
+        async_worker(procs, bus_settings, AsyncConfig(name="Tail", record=str(record_late)))
+        ids = {msgspec.json.decode(p)["id"] for p in payloads}
+        await wait_for(lambda: recorded(record_new) == ids, timeout=60, what="the backfill")
+        await wait_group(redis, keys, "Tail")
+        after = event(3)
+        await publish(redis, keys, [after])
+        after_id = msgspec.json.decode(after)["id"]
+        await wait_for(lambda: after_id in recorded(record_late), what="the new event")
+        assert recorded(record_late) == {after_id}  # "$" (the default) skips history
+    finally:
+        await redis.aclose()
+
+
+async def test_nogroup_is_recreated_and_logged(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    redis = Redis.from_url(bus_settings.redis_url)
+    record = tmp_path / "seen.txt"
+    async_worker(procs, bus_settings, AsyncConfig(name="Phoenix", record=str(record)))
+    try:
+        await wait_group(redis, keys, "Phoenix")
+        await redis.delete(keys.events)  # the stream is wiped, groups and all
+        payload = event(4)
+        deadline = time.monotonic() + 30
+        while not recorded(record):
+            assert time.monotonic() < deadline, procs.logs()
+            await publish(redis, keys, [payload])
+            await asyncio.sleep(0.2)
+        assert "recreating it" in procs.logs()
+    finally:
+        await redis.aclose()

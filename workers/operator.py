@@ -1,0 +1,579 @@
+"""What an operator asks of a running bus: hooks, consumer lag, live events, dead letters, metrics.
+
+The async functions take a redis-py asyncio client (bytes in and out, as ``bus.redis_io.connect``
+makes it) and the Keys, and return plain data; the ``render_*`` helpers turn that data into
+``rich`` renderables. ``hookbus hooks list``, ``lag``, ``events tail``, ``dlq …`` and ``metrics``
+(bus/cli.py) are thin wrappers around the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import re
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from bus.errors import HookBusError, InvalidInputError
+from bus.keys import WORKERS_GROUP, Keys, check_name
+from bus.protocol import DATA_FIELD, PROTOCOL_VERSION, EventMessage, HookManifest, decode, now_ms
+from bus.retention import HARD_CAP_FACTOR
+
+_DATA = DATA_FIELD.encode()
+_STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+CHUNK = 500
+#: From this many entries on, ``dlq replay`` and ``dlq purge`` show a progress bar.
+MANY = 500
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+def _id_ms(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
+
+
+def _secs(ms: float) -> float:
+    return max(0.0, ms / 1000)
+
+
+# -- hooks ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HookRow:
+    """One hook of ``{p}:hooks`` with its replicas. ``problem`` is set for an unusable manifest."""
+
+    name: str
+    kind: str = "?"
+    scope: str = ""
+    events: tuple[str, ...] = ()  # empty: every event
+    tool_names: tuple[str, ...] = ()
+    tool_content: tuple[str, ...] = ()
+    failure_policy: str = ""
+    priority: int | None = None
+    timeout: float | None = None
+    live: int = 0  # replicas whose heartbeat is within liveness_secs
+    replicas: int = 0  # replicas in the zset, live or not
+    last_heartbeat_secs: float | None = None  # seconds since the freshest heartbeat
+    problem: str = ""
+
+
+async def list_hooks(
+    redis: Redis, keys: Keys, liveness_secs: float, now: int | None = None
+) -> list[HookRow]:
+    """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``."""
+    now = now_ms() if now is None else now
+    manifests: Any = await redis.hgetall(keys.hooks)
+    rows: list[HookRow] = []
+    for raw_name, value in sorted(manifests.items()):
+        name = _text(raw_name)
+        live, total, last = await _replicas(redis, keys, name, liveness_secs, now)
+        try:
+            manifest = decode(value, HookManifest)
+            if manifest.name != name:
+                raise InvalidInputError(f"it names hook {manifest.name!r}")
+            if manifest.protocol_version != PROTOCOL_VERSION:
+                raise InvalidInputError(f"protocol version {manifest.protocol_version}")
+            manifest.spec()  # checks the patterns
+        except HookBusError as exc:
+            problem = "malformed manifest: " + str(exc).removeprefix("malformed HookManifest: ")
+            rows.append(
+                HookRow(name, live=live, replicas=total, last_heartbeat_secs=last, problem=problem)
+            )
+            continue
+        rows.append(
+            HookRow(
+                name=name,
+                kind=manifest.kind,
+                scope=manifest.scope,
+                events=tuple(e.value for e in manifest.events),
+                tool_names=tuple(manifest.tool_names),
+                tool_content=tuple(manifest.tool_content),
+                failure_policy=manifest.failure_policy,
+                priority=manifest.priority,
+                timeout=manifest.timeout,
+                live=live,
+                replicas=total,
+                last_heartbeat_secs=last,
+            )
+        )
+    return rows
+
+
+async def _replicas(
+    redis: Redis, keys: Keys, name: str, liveness_secs: float, now: int
+) -> tuple[int, int, float | None]:
+    try:
+        check_name("hook name", name)
+    except HookBusError:
+        return 0, 0, None
+    beats: Any = await redis.zrange(keys.replicas(name), 0, -1, withscores=True)
+    if not beats:
+        return 0, 0, None
+    scores = [float(score) for _, score in beats]
+    live = sum(1 for s in scores if now - s <= liveness_secs * 1000)
+    return live, len(scores), _secs(now - max(scores))
+
+
+# -- lag --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """One consumer group on one stream."""
+
+    stream: str
+    group: str
+    lag: int | None  # entries not yet delivered to the group (None: Redis cannot tell)
+    pending: int  # delivered, not acknowledged
+    oldest_pending_secs: float | None  # age of the oldest pending entry, from its id
+    consumers: int
+    idle_secs: float | None  # how long the least idle consumer has been idle
+    cap: int | None  # the stream's hard cap (entries beyond it are dropped), if any
+
+    @property
+    def backlog(self) -> int:
+        return (self.lag or 0) + self.pending
+
+    @property
+    def at_risk(self) -> bool:
+        """Past half the hard cap: the group may lose entries it has not handled yet."""
+        return self.cap is not None and self.backlog > self.cap // 2
+
+
+async def consumer_lag(
+    redis: Redis,
+    keys: Keys,
+    events_maxlen: int,
+    requests_maxlen: int,
+    now: int | None = None,
+) -> list[GroupLag]:
+    """Every group on ``{p}:events`` and on each sync hook's request stream.
+
+    Async hooks' replay streams are listed too, but only while they hold a backlog.
+    """
+    now = now_ms() if now is None else now
+    out = await _stream_lag(redis, keys.events, HARD_CAP_FACTOR * events_maxlen, now)
+    manifests: Any = await redis.hgetall(keys.hooks)
+    for raw_name, value in sorted(manifests.items()):
+        name = _text(raw_name)
+        try:
+            check_name("hook name", name)
+            kind = decode(value, HookManifest).kind
+        except HookBusError:
+            continue
+        if kind == "sync":
+            rows = await _stream_lag(redis, keys.requests(name), requests_maxlen, now)
+            out.extend(r for r in rows if r.group == WORKERS_GROUP)
+        else:
+            rows = await _stream_lag(redis, keys.replay(name), None, now)
+            out.extend(r for r in rows if r.backlog)
+    return out
+
+
+async def _stream_lag(redis: Redis, stream: str, cap: int | None, now: int) -> list[GroupLag]:
+    try:
+        groups: Any = await redis.xinfo_groups(stream)
+    except ResponseError:  # no such stream
+        return []
+    out: list[GroupLag] = []
+    for g in groups:
+        name = _text(g["name"])
+        pending = int(g["pending"])
+        oldest: float | None = None
+        if pending:
+            summary: Any = await redis.xpending(stream, name)
+            if summary.get("min"):
+                oldest = _secs(now - _id_ms(_text(summary["min"])))
+        consumers: Any = await redis.xinfo_consumers(stream, name)
+        idle = [int(c["idle"]) for c in consumers]
+        lag = g.get("lag")
+        out.append(
+            GroupLag(
+                stream=stream,
+                group=name,
+                lag=None if lag is None else int(lag),
+                pending=pending,
+                oldest_pending_secs=oldest,
+                consumers=len(consumers),
+                idle_secs=_secs(min(idle)) if idle else None,
+                cap=cap,
+            )
+        )
+    return out
+
+
+# -- events tail ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TailedEvent:
+    """One entry of ``{p}:events`` as ``hookbus events tail`` shows it."""
+
+    entry_id: str
+    ts: int  # epoch ms
+    event: str
+    session_id: str
+    tool: str
+    context: dict[str, Any] = field(default_factory=dict)
+    problem: str = ""  # set for an entry that is not a valid event message
+
+
+def _tailed(entry_id: str, fields: Mapping[bytes, bytes] | None) -> TailedEvent:
+    data = (fields or {}).get(_DATA)
+    try:
+        if data is None:
+            raise InvalidInputError(f"entry has no {DATA_FIELD!r} field")
+        message = decode(data, EventMessage)
+        context = msgspec.json.decode(bytes(message.context))
+        if not isinstance(context, dict):
+            raise InvalidInputError("its context is not an object")
+    except (HookBusError, msgspec.DecodeError) as exc:
+        return TailedEvent(entry_id, _id_ms(entry_id), "?", "", "", problem=str(exc))
+    return TailedEvent(
+        entry_id=entry_id,
+        ts=message.ts,
+        event=message.event.value,
+        session_id=message.session_id,
+        tool=str(context.get("tool_name") or context.get("subagent_name") or ""),
+        context=context,
+    )
+
+
+async def events_end(redis: Redis, keys: Keys) -> str:
+    """The id of the newest event (``0-0`` for an empty stream): tail from here for "new"."""
+    last: Any = await redis.xrevrange(keys.events, count=1)
+    return _text(last[0][0]) if last else "0-0"
+
+
+async def follow_events(
+    redis: Redis, keys: Keys, after: str, stop: asyncio.Event, *, block_ms: int = 500
+) -> AsyncGenerator[TailedEvent, None]:
+    """Events added after the id ``after``, as they arrive, until ``stop`` is set."""
+    cursor = after
+    while not stop.is_set():
+        response: Any = await redis.xread({keys.events: cursor}, count=CHUNK, block=block_ms)
+        for _, entries in response or ():
+            for raw_id, fields in entries:
+                cursor = _text(raw_id)
+                yield _tailed(cursor, fields)
+
+
+def event_matches(
+    event: TailedEvent, sessions: Collection[str] = (), events: Collection[str] = ()
+) -> bool:
+    """Whether the event passes the ``--session`` and ``--event`` filters (empty: any)."""
+    if sessions and event.session_id not in sessions:
+        return False
+    return not events or event.event in events
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One entry of ``{p}:dlq``: source, reason, data, ts (+ hook, entry_id, deliveries)."""
+
+    id: str
+    fields: dict[str, str]
+
+    @property
+    def ts(self) -> int:
+        ts = self.fields.get("ts", "")
+        return int(ts) if ts.isdigit() else _id_ms(self.id)
+
+    @property
+    def hook(self) -> str:
+        return self.fields.get("hook", "")
+
+    @property
+    def source(self) -> str:
+        return self.fields.get("source", "")
+
+    @property
+    def reason(self) -> str:
+        return self.fields.get("reason", "")
+
+    @property
+    def deliveries(self) -> str:
+        return self.fields.get("deliveries", "")
+
+    @property
+    def data(self) -> str:
+        return self.fields.get("data", "")
+
+
+def _letter(raw_id: Any, fields: Mapping[Any, Any] | None) -> DeadLetter:
+    return DeadLetter(_text(raw_id), {_text(k): _text(v) for k, v in (fields or {}).items()})
+
+
+def _is_of(fields: Mapping[Any, Any] | None, hook: str | None) -> bool:
+    return hook is None or _text((fields or {}).get(b"hook", b"")) == hook
+
+
+def check_stream_id(entry_id: str) -> str:
+    if not _STREAM_ID.match(entry_id):
+        raise InvalidInputError(f"{entry_id!r} is not a stream id (like 1700000000000-0)")
+    return entry_id
+
+
+async def list_dead_letters(
+    redis: Redis, keys: Keys, hook: str | None = None, limit: int = 50
+) -> tuple[list[DeadLetter], bool]:
+    """The ``limit`` newest dead letters (of ``hook``, if given), oldest first; and whether
+    there are more."""
+    found: list[DeadLetter] = []
+    cursor = "+"
+    while len(found) <= limit:
+        rows: Any = await redis.xrevrange(keys.dlq, max=cursor, min="-", count=CHUNK)
+        if not rows:
+            break
+        found.extend(_letter(i, f) for i, f in rows if _is_of(f, hook))
+        cursor = "(" + _text(rows[-1][0])
+    return list(reversed(found[:limit])), len(found) > limit
+
+
+async def get_dead_letter(redis: Redis, keys: Keys, entry_id: str) -> DeadLetter | None:
+    rows: Any = await redis.xrange(keys.dlq, min=entry_id, max=entry_id, count=1)
+    return _letter(*rows[0]) if rows else None
+
+
+async def count_dead_letters(
+    redis: Redis, keys: Keys, hook: str | None = None
+) -> tuple[int, str | None]:
+    """How many dead letters (of ``hook``, if given), and the id of the newest of them."""
+    if hook is None:
+        last: Any = await redis.xrevrange(keys.dlq, count=1)
+        return int(await redis.xlen(keys.dlq)), _text(last[0][0]) if last else None
+    total, newest, cursor = 0, None, "-"
+    while True:
+        rows: Any = await redis.xrange(keys.dlq, min=cursor, max="+", count=CHUNK)
+        if not rows:
+            return total, newest
+        mine = [_text(i) for i, f in rows if _is_of(f, hook)]
+        if mine:
+            total, newest = total + len(mine), mine[-1]
+        cursor = "(" + _text(rows[-1][0])
+
+
+async def purge_dead_letters(
+    redis: Redis,
+    keys: Keys,
+    hook: str | None = None,
+    upto: str = "+",
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Delete the dead letters (of ``hook``, if given) up to the id ``upto``; how many."""
+    total, cursor = 0, "-"
+    while True:
+        rows: Any = await redis.xrange(keys.dlq, min=cursor, max=upto, count=CHUNK)
+        if not rows:
+            return total
+        mine = [i for i, f in rows if _is_of(f, hook)]
+        if mine:
+            total += int(await redis.xdel(keys.dlq, *mine))
+            if progress:
+                progress(len(mine))
+        cursor = "(" + _text(rows[-1][0])
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+async def collect_metrics(redis: Redis, keys: Keys) -> dict[str, dict[str, str]]:
+    """Hook name → the figures in its ``{p}:metrics:{name}`` hash."""
+    prefix = keys.metrics("")
+    out: dict[str, dict[str, str]] = {}
+    async for key in redis.scan_iter(match=f"{prefix}*", count=200, _type="hash"):
+        figures: Any = await redis.hgetall(key)
+        if figures:
+            name = _text(key)[len(prefix) :]
+            out[name] = {_text(k): _text(v) for k, v in figures.items()}
+    return dict(sorted(out.items()))
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console; written to a pipe or file, tables are not squeezed into 80 columns."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(stderr=stderr, width=200)
+    return console
+
+
+def _clock(ms: int, with_date: bool = True) -> str:
+    moment = dt.datetime.fromtimestamp(ms / 1000).astimezone()
+    text = moment.strftime("%Y-%m-%d %H:%M:%S.%f" if with_date else "%H:%M:%S.%f")
+    return text[:-3]
+
+
+def _ago(secs: float | None) -> str:
+    if secs is None:
+        return "-"
+    return f"{secs:.1f}s" if secs < 100 else f"{secs:.0f}s"
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", highlight=False)
+    for column in columns:
+        justify = "right" if column in _NUMERIC else "left"
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    return table
+
+
+_NUMERIC = {"priority", "timeout", "live", "last beat", "lag", "pending", "oldest pending"}
+_NUMERIC |= {"consumers", "idle", "deliveries", "value"}
+
+
+def _row(table: Table, *cells: object, style: str = "") -> None:
+    table.add_row(*(Text(str(c)) for c in cells), style=style or None)
+
+
+def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> RenderableType:
+    if not rows:
+        return Text(f"no hooks registered in {keys.hooks}")
+    title = f"hooks in {keys.hooks} (live: heartbeat within {liveness_secs:g}s)"
+    table = _table(
+        title, "hook", "kind", "events", "match", "policy", "priority", "timeout", "live",
+        "last beat",
+    )  # fmt: skip
+    if any(r.problem for r in rows):
+        table.add_column("problem", overflow="fold")
+    for r in rows:
+        last = _ago(r.last_heartbeat_secs) if r.replicas else "never"
+        live = f"{r.live} of {r.replicas}" if r.replicas != r.live else str(r.live)
+        if r.problem:
+            _row(table, r.name, "?", "-", "-", "-", "-", "-", live, last, r.problem, style="red")
+            continue
+        match = [f"tool {p}" for p in r.tool_names] + [f"content {p}" for p in r.tool_content]
+        cells: list[object] = [
+            r.name,
+            r.kind if r.scope != "session" else f"{r.kind} (session)",
+            ", ".join(r.events) or "all",
+            "; ".join(match) or "any",
+            r.failure_policy,
+            r.priority,
+            "default" if r.timeout is None else f"{r.timeout:g}s",
+            live,
+            last,
+        ]
+        if len(table.columns) > 9:
+            cells.append("")
+        _row(table, *cells, style="" if r.live else "yellow")
+    return table
+
+
+def render_lag(rows: list[GroupLag]) -> RenderableType:
+    if not rows:
+        return Text("no consumer groups yet (no async hook has joined the events stream)")
+    table = _table(
+        "consumer groups",
+        "stream", "group", "lag", "pending", "oldest pending", "consumers", "idle", "note",
+    )  # fmt: skip
+    for r in rows:
+        note = ""
+        if r.at_risk:
+            note = f"AT RISK: backlog {r.backlog} past half the stream cap of {r.cap}"
+        elif r.consumers == 0 and r.backlog:
+            note = "no consumer"
+        _row(
+            table,
+            r.stream,
+            r.group,
+            "?" if r.lag is None else r.lag,
+            r.pending,
+            _ago(r.oldest_pending_secs),
+            r.consumers,
+            _ago(r.idle_secs),
+            note,
+            style="red" if r.at_risk else "",
+        )
+    return table
+
+
+def render_event(event: TailedEvent, width: int = 100) -> Text:
+    """One line: time, event, session, tool, short context."""
+    when = _clock(event.ts, with_date=False)
+    if event.problem:
+        return Text(f"{when}  malformed entry {event.entry_id}: {event.problem}", style="red")
+    rest = {k: v for k, v in event.context.items() if k not in ("session_id", "tool_name")}
+    context = json.dumps(rest, ensure_ascii=False, separators=(",", ":")) if rest else ""
+    line = Text(f"{when}  ")
+    line.append(f"{event.event:<18}", style="bold")
+    line.append(f"  {event.session_id or '-'}  {event.tool or '-'}  {_short(context, width)}")
+    return line
+
+
+def render_dead_letters(
+    letters: list[DeadLetter], more: bool, keys: Keys, hook: str | None
+) -> RenderableType:
+    whose = f" of {hook}" if hook else ""
+    if not letters:
+        return Text(f"no dead letters{whose} in {keys.dlq}")
+    table = _table(f"dead letters{whose} in {keys.dlq}", "id", "time", "hook/source")
+    table.add_column("deliveries", justify="right")
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=80)
+    for d in letters:
+        _row(table, d.id, _clock(d.ts), d.hook or d.source, d.deliveries or "-", d.reason)
+    if not more:
+        return table
+    note = Text(f"showing the {len(letters)} newest; raise --limit to see more")
+    return Group(table, note)
+
+
+def render_dead_letter(letter: DeadLetter) -> RenderableType:
+    table = Table(show_header=False, box=None, highlight=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    table.add_row("id", Text(letter.id))
+    table.add_row("time", Text(_clock(letter.ts)))
+    for name, value in letter.fields.items():
+        if name != "data":
+            table.add_row(name, Text(value))
+    try:
+        pretty = json.dumps(json.loads(letter.data), indent=2, ensure_ascii=False)
+    except ValueError:
+        return Group(table, Text("data:", style="bold"), Text(letter.data))
+    return Group(table, Text("data (JSON):", style="bold"), Text(pretty))
+
+
+def render_metrics(metrics: dict[str, dict[str, str]]) -> RenderableType:
+    if not metrics:
+        return Text("no metrics collected yet")
+    table = _table("metrics", "hook", "figure", "value")
+    for hook, figures in metrics.items():
+        for name, value in sorted(figures.items()):
+            _row(table, hook, name, _number(value))
+    return table
+
+
+def _number(value: str) -> str:
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    if number.is_integer() and "." not in value:
+        return str(int(number))
+    return f"{number:.3f}".rstrip("0").rstrip(".")
