@@ -74,7 +74,7 @@ def check_answer(event: HookEvent, spec: HookSpec, answer: Any, elapsed: float) 
     allowed = ALLOWED_ACTIONS.get(event)
     if answer is None or allowed is None or isinstance(answer, allowed):
         return Outcome(spec, answer, None, "", elapsed)
-    names = ", ".join(t.__name__ for t in allowed)
+    names = ", ".join(str(t.__struct_config__.tag) for t in allowed)  # type: ignore[attr-defined]
     return Outcome(
         spec, None, "error", f"answered {type(answer).__name__}; {event} accepts {names}", elapsed
     )

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
-from bus.settings import BusSettings
+from bus.settings import BusSettings, HookSettings
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -67,6 +67,7 @@ def _worker(args: argparse.Namespace) -> int:
         service: HookWorker | AsyncHookWorker = AsyncHookWorker(
             hook,
             _settings(args),
+            HookSettings.from_env(),
             start=parse_position(args.start),
             batch_size=args.batch,
             max_deliveries=args.max_deliveries,

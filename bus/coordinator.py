@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+from contextvars import ContextVar
 from typing import Any, cast
 
 from redis.exceptions import RedisError
@@ -51,6 +52,7 @@ from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
+_event_id: ContextVar[str] = ContextVar("hookbus_event_id", default="")
 
 
 class Coordinator(EventRunner):
@@ -154,6 +156,7 @@ class Coordinator(EventRunner):
         )
         # A backstop cap only: retention (bus/retention.py) trims history without losing
         # what a group has not handled yet.
+        _event_id.set(message.id)  # the requests of this dispatch name the event they serve
         self._enqueue(
             self.keys.events, encode(message), HARD_CAP_FACTOR * self.bus.events_maxlen, None
         )
@@ -219,6 +222,7 @@ class Coordinator(EventRunner):
             context=raw(ctx),
             deadline=now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
+            event_id=_event_id.get(),
         )
         future: asyncio.Future[HookReply] = loop.create_future()
         self._waiting[request.id] = future

@@ -17,6 +17,7 @@ import asyncio
 import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from bus.aggregation import Outcome, check_answer
@@ -26,6 +27,10 @@ from bus.hooks import HookSpec
 from bus.selection import Target
 
 Endpoint = Callable[[HookEvent, HookContext, float], Awaitable[Any]]
+
+#: An outer deadline (event-loop time) no hook of this dispatch may run past: a caller that
+#: will only wait so long (the coordinator service, for an agent's ``timeout_ms``) sets it.
+deadline_cap: ContextVar[float | None] = ContextVar("deadline_cap", default=None)
 
 
 class DispatchTarget(Target, Protocol):
@@ -119,11 +124,14 @@ async def run_targets(
     if not targets:
         return []
     loop = asyncio.get_running_loop()
+    cap = deadline_cap.get()
     outcomes: list[Outcome | None] = [None] * len(targets)
     pending: dict[asyncio.Task[Any], _Pending] = {}
     for i, target in enumerate(targets):
         timeout = target.spec.timeout or default_timeout
         deadline = loop.time() + timeout
+        if cap is not None and cap < deadline:
+            deadline, timeout = cap, max(0.0, cap - loop.time())
         done, state = _start(event, ctx, target, deadline)
         if done:
             outcomes[i] = state

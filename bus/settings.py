@@ -64,6 +64,9 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
     return value
 
 
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
 class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the distributed mode talks to Redis.
 
@@ -85,7 +88,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             (``HOOKBUS_REFRESH_SECS``, 1).
     """
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     prefix: str = "hookbus"
     heartbeat_secs: float = 1.0
     liveness_secs: float = 3.0
@@ -100,7 +103,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
         cls, env: Mapping[str, str] | None = None, *, redis_url: str | None = None
     ) -> BusSettings:
         env = os.environ if env is None else env
-        url = redis_url or env.get("HOOKBUS_REDIS_URL") or cls.redis_url
+        url = redis_url or env.get("HOOKBUS_REDIS_URL") or DEFAULT_REDIS_URL
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
         return cls(

@@ -109,6 +109,8 @@ class AsyncHookWorker:
 
     async def deregister(self) -> None:
         await self.redis.zrem(self.keys.replicas(self.group), self.replica)
+        note = ControlMessage(type="deregister", name=self.group, replica=self.replica)
+        await self.redis.publish(self.keys.control, encode(note))
 
     # -- the service loop ----------------------------------------------------------------------
 

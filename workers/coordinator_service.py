@@ -18,6 +18,7 @@ import msgspec
 from redis.exceptions import RedisError, ResponseError
 
 from bus.coordinator import Coordinator
+from bus.dispatch import deadline_cap
 from bus.errors import InvalidInputError, ProtocolError
 from bus.events import HookEvent
 from bus.keys import COORDINATORS_GROUP
@@ -140,6 +141,9 @@ class CoordinatorService:
             log.info("decision request %s expired before it was read; dropped", request.id)
             await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
             return
+        # Every hook of this dispatch must answer within what the agent will wait, so that a
+        # slow hook is skipped under its failure policy rather than failing the whole decision.
+        deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
         try:
             result = await asyncio.wait_for(
                 getattr(self.coordinator, _RUN[request.event])(ctx), timeout

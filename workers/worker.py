@@ -25,6 +25,7 @@ import socket
 import time
 from typing import Any
 
+import msgspec
 from redis.exceptions import RedisError, ResponseError
 
 from bus.aggregation import ALLOWED_ACTIONS
@@ -66,6 +67,13 @@ def load_hook(target: str) -> Any:
     if not isinstance(hook, AgentHook | AsyncAgentHook):
         raise ConfigError(f"{target} is not an AgentHook or AsyncAgentHook")
     return hook
+
+
+class _Head(msgspec.Struct):
+    """Just enough of a malformed request to answer it."""
+
+    id: str = ""
+    reply_to: str = ""
 
 
 class HookWorker:
@@ -223,6 +231,7 @@ class HookWorker:
             self.stats["malformed"] += 1
             log.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
             await dead_letter(self.redis, self.keys, self.stream, str(exc), data or b"")
+            await self._refuse(data or b"", exc)
             await self._ack(entry_id)
             return
         remaining = (request.deadline - now_ms()) / 1000
@@ -272,6 +281,27 @@ class HookWorker:
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
             log.warning("could not reply to %s: %s", request.id, exc)
+
+    async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
+        """Tell the requester at once, when it can be told, instead of letting it time out."""
+        try:
+            head = msgspec.json.decode(data, type=_Head)
+        except msgspec.DecodeError:
+            return
+        if not (head.id and self.keys.is_inbox(head.reply_to)):
+            return
+        reply = HookReply(
+            id=new_id(),
+            ts=now_ms(),
+            request_id=head.id,
+            hook=self.spec.name,
+            replica=self.replica,
+            status="error",
+            error=f"malformed request: {exc}",
+        )
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.rpush(head.reply_to, encode(reply))
+            await self.redis.pexpire(head.reply_to, REPLY_TTL_MS)
 
     async def _ack(self, entry_id: bytes) -> None:
         try:

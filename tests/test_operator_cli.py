@@ -1,0 +1,426 @@
+"""The operator commands (``hooks list``, ``lag``, ``events tail``, ``dlq …``, ``metrics``)
+against a real Redis, run as the ``hookbus`` command line in a subprocess."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from bus.events import (
+    HookEvent,
+    PostToolUseContext,
+    PreToolUseContext,
+    SessionStartContext,
+)
+from bus.keys import WORKERS_GROUP, Keys
+from bus.protocol import EventMessage, HookManifest, encode, new_id, now_ms, raw
+from bus.redis_io import connect
+from bus.settings import BusSettings
+from tests.harness import ROOT, wait_for, worker_env
+from workers.operator import MANY, consumer_lag, list_hooks
+
+PRE = HookEvent.PRE_TOOL_USE
+TIMEOUT = 60
+
+
+def env_for(settings: BusSettings, **extra: str) -> dict[str, str]:
+    env = worker_env(
+        settings,
+        COLUMNS="250",
+        NO_COLOR="1",
+        PYTHONIOENCODING="utf-8",
+        HOOKBUS_LIVENESS_SECS="60",
+        **extra,
+    )
+    env.pop("FORCE_COLOR", None)
+    return env
+
+
+def hookbus(settings: BusSettings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bus.cli", *args],
+        env=env_for(settings, **env),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """The body rows of a rich table, keyed by their first cell."""
+    rows = {}
+    for line in output.splitlines():
+        if "│" in line:
+            cells = [c.strip() for c in line.strip().strip("│").split("│")]
+            rows[cells[0]] = cells
+    return rows
+
+
+@pytest.fixture
+def r(bus_settings: BusSettings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(bus_settings.redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def event(kind: HookEvent, ctx: Any, session: str) -> dict[str, bytes]:
+    message = EventMessage(
+        id=new_id(), ts=now_ms(), event=kind, session_id=session, context=raw(ctx)
+    )
+    return {"data": encode(message)}
+
+
+def pre(session: str, tool: str = "Bash") -> dict[str, bytes]:
+    ctx = PreToolUseContext(session_id=session, tool_name=tool, tool_args={"path": "/x"})
+    return event(PRE, ctx, session)
+
+
+def post(session: str) -> dict[str, bytes]:
+    return event(
+        HookEvent.POST_TOOL_USE, PostToolUseContext(session_id=session, tool_name="Bash"), session
+    )
+
+
+# -- hooks list ---------------------------------------------------------------------------------
+
+
+def register(r: redis.Redis, keys: Keys) -> None:
+    guard = HookManifest(
+        name="Guard", events=[PRE], tool_names=["Bash"], failure_policy="fail", priority=5,
+        timeout=2.0,
+    )  # fmt: skip
+    r.hset(keys.hooks, "Guard", encode(guard))
+    r.hset(keys.hooks, "Audit", encode(HookManifest(name="Audit", kind="async")))
+    r.hset(keys.hooks, "Broken", b"{not json")
+    now = now_ms()
+    r.zadd(keys.replicas("Guard"), {"a": now, "b": now, "gone": now - 3_600_000})
+
+
+def test_hooks_list_shows_every_hook_with_live_replicas_and_flags_a_malformed_manifest(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    register(r, Keys(bus_settings.prefix))
+    rows = table_rows(ok(hookbus(bus_settings, "hooks", "list")))
+    guard, audit, broken = rows["Guard"], rows["Audit"], rows["Broken"]
+    assert guard[1:8] == ["sync", "PreToolUse", "tool Bash", "fail", "5", "2s", "2 of 3"]
+    assert guard[8].endswith("s")  # seconds since the freshest heartbeat
+    assert audit[1:4] == ["async", "all", "any"]
+    assert audit[7:9] == ["0", "never"]
+    assert "malformed manifest" in broken[-1]
+
+
+async def test_list_hooks_counts_replicas_whose_heartbeat_is_within_liveness(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    register(r, keys)
+    client = connect(bus_settings)
+    try:
+        rows = {h.name: h for h in await list_hooks(client, keys, liveness_secs=5, now=now_ms())}
+    finally:
+        await client.aclose()
+    assert (rows["Guard"].live, rows["Guard"].replicas) == (2, 3)
+    assert rows["Guard"].events == ("PreToolUse",) and not rows["Guard"].problem
+    assert rows["Audit"].kind == "async" and rows["Audit"].last_heartbeat_secs is None
+    assert rows["Broken"].problem.startswith("malformed manifest")
+
+
+# -- lag ----------------------------------------------------------------------------------------
+
+
+def backlog(r: redis.Redis, keys: Keys) -> None:
+    """Six events; group Audit has had two delivered (pending) and four not yet (lag)."""
+    for i in range(6):
+        r.xadd(keys.events, pre(f"s{i}"))
+    r.xgroup_create(keys.events, "Audit", id="0")
+    r.xreadgroup("Audit", "replica-1", {keys.events: ">"}, count=2)
+    r.hset(keys.hooks, "Guard", encode(HookManifest(name="Guard")))
+    r.xgroup_create(keys.requests("Guard"), WORKERS_GROUP, id="0", mkstream=True)
+
+
+def test_lag_shows_each_groups_lag_pending_and_consumers(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    backlog(r, keys)
+    out = ok(hookbus(bus_settings, "lag"))
+    rows = table_rows(out)
+    audit = rows[keys.events]
+    assert audit[1:4] == ["Audit", "4", "2"]
+    assert audit[4].endswith("s")  # the oldest pending entry's age
+    assert audit[5] == "1"
+    assert rows[keys.requests("Guard")][1:6] == [WORKERS_GROUP, "0", "0", "-", "0"]
+    assert "AT RISK" not in out
+    # With a stream cap of 10 × 1, a backlog of 6 is past half of it.
+    risky = table_rows(ok(hookbus(bus_settings, "lag", HOOKBUS_EVENTS_MAXLEN="1")))
+    assert "AT RISK" in risky[keys.events][-1]
+
+
+async def test_consumer_lag_reports_at_risk_past_half_the_hard_cap(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    backlog(r, keys)
+    client = connect(bus_settings)
+    try:
+        safe = await consumer_lag(client, keys, events_maxlen=2, requests_maxlen=10)
+        risky = await consumer_lag(client, keys, events_maxlen=1, requests_maxlen=10)
+    finally:
+        await client.aclose()
+    assert [(g.group, g.lag, g.pending, g.consumers) for g in safe] == [
+        ("Audit", 4, 2, 1),
+        (WORKERS_GROUP, 0, 0, 0),
+    ]
+    assert not safe[0].at_risk and risky[0].at_risk
+
+
+# -- events tail ----------------------------------------------------------------------------------
+
+
+class Tail:
+    """``hookbus events tail`` in the background, its stdout and stderr in files."""
+
+    def __init__(self, settings: BusSettings, tmp: Path, *args: str) -> None:
+        self.out, self.err = tmp / "tail.out", tmp / "tail.err"
+        with self.out.open("wb") as out, self.err.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bus.cli", "events", "tail", *args],
+                env=env_for(settings),
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
+
+    async def ready(self) -> None:
+        """Once it says whence it follows, every event added later reaches it."""
+
+        def following() -> bool:
+            assert self.proc.poll() is None, self.err.read_text()
+            return "following" in self.err.read_text()
+
+        await wait_for(following, timeout=TIMEOUT, what="events tail to start")
+
+    def finish(self) -> list[str]:
+        assert self.proc.wait(TIMEOUT) == 0, self.err.read_text()
+        assert "Traceback" not in self.err.read_text()
+        return self.out.read_text().splitlines()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+async def test_events_tail_prints_exactly_the_matching_events_then_exits_after_count(
+    bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    r.xadd(keys.events, pre("before"))  # already there: not new, never shown
+    tail = Tail(bus_settings, tmp_path, "--event", "PreToolUse", "--count", "2")
+    try:
+        await tail.ready()
+        with r.pipeline(transaction=False) as pipe:
+            pipe.xadd(keys.events, post("s1"))
+            pipe.xadd(keys.events, {"data": b"not json"})
+            pipe.xadd(keys.events, pre("s1", "Bash"))
+            pipe.xadd(
+                keys.events,
+                event(HookEvent.ON_SESSION_START, SessionStartContext(session_id="s2"), "s2"),
+            )
+            pipe.xadd(keys.events, pre("s2", "Read"))
+            pipe.xadd(keys.events, pre("s3", "Write"))  # past --count
+            pipe.execute()
+        lines = tail.finish()
+    finally:
+        tail.kill()
+    assert len(lines) == 2, lines
+    assert lines[0].split()[1:4] == ["PreToolUse", "s1", "Bash"]
+    assert lines[1].split()[1:4] == ["PreToolUse", "s2", "Read"]
+    assert '"path":"/x"' in lines[0]
+    assert "malformed entry" in tail.err.read_text()
+
+
+async def test_events_tail_filters_by_session(
+    bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    tail = Tail(bus_settings, tmp_path, "--session", "s2", "--count", "1")
+    try:
+        await tail.ready()
+        r.xadd(keys.events, pre("s1"))
+        r.xadd(keys.events, post("s2"))
+        lines = tail.finish()
+    finally:
+        tail.kill()
+    assert [line.split()[1:3] for line in lines] == [["PostToolUse", "s2"]]
+
+
+def test_events_tail_names_the_12_events_for_an_unknown_one(bus_settings: BusSettings) -> None:
+    result = hookbus(bus_settings, "events", "tail", "--event", "PreToolUsed", "--count", "1")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert "'PreToolUsed'" in line
+    assert all(e.value in line for e in HookEvent)
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+def dead_letters(r: redis.Redis, keys: Keys) -> list[str]:
+    """Two dead letters of async hook h1, one of h2, one of a sync hook's request stream."""
+    data = pre("s1")["data"]
+    long_reason = "failed 5 deliveries; last: ValueError: " + "x" * 300
+    fields: list[dict[str, Any]] = [
+        {"source": keys.events, "reason": long_reason, "data": data, "ts": now_ms(),
+         "hook": "h1", "entry_id": "1-0", "deliveries": "5"},
+        {"source": keys.events, "reason": "timed out", "data": data, "ts": now_ms(),
+         "hook": "h1", "entry_id": "2-0", "deliveries": "5"},
+        {"source": keys.events, "reason": "boom", "data": data, "ts": now_ms(),
+         "hook": "h2", "entry_id": "3-0", "deliveries": "5"},
+        {"source": keys.requests("Guard"), "reason": "malformed HookRequest", "data": "not [json",
+         "ts": now_ms()},
+    ]  # fmt: skip
+    return [r.xadd(keys.dlq, f).decode() for f in fields]
+
+
+def test_dlq_list_shows_the_newest_dead_letters_with_shortened_reasons(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    ids = dead_letters(r, keys)
+    rows = table_rows(ok(hookbus(bus_settings, "dlq", "list")))
+    assert [rows[i][2:4] for i in ids] == [
+        ["h1", "5"], ["h1", "5"], ["h2", "5"], [keys.requests("Guard"), "-"],
+    ]  # fmt: skip
+    assert rows[ids[0]][4].endswith("…") and len(rows[ids[0]][4]) < 100
+    out = ok(hookbus(bus_settings, "dlq", "list", "--hook", "h1", "--limit", "1"))
+    assert list(table_rows(out)) == [ids[1]]  # the newest of h1
+    assert "raise --limit" in out
+    assert "no dead letters of h3" in ok(hookbus(bus_settings, "dlq", "list", "--hook", "h3"))
+
+
+def test_dlq_show_prints_every_field_and_the_data_as_pretty_json(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    ids = dead_letters(r, keys)
+    out = ok(hookbus(bus_settings, "dlq", "show", ids[0]))
+    assert ids[0] in out and "x" * 300 in out.replace("\n", "").replace(" ", "")
+    assert {"source", "reason", "hook", "entry_id", "deliveries"} <= {
+        line.split()[0] for line in out.splitlines() if line.strip()
+    }
+    assert '  "event": "PreToolUse",' in out
+    assert '"tool_name": "Bash"' in out
+    assert "not [json" in ok(hookbus(bus_settings, "dlq", "show", ids[3]))
+    missing = hookbus(bus_settings, "dlq", "show", "1-1")
+    assert missing.returncode == 1 and "no dead letter 1-1" in missing.stderr
+    bad = hookbus(bus_settings, "dlq", "show", "yesterday")
+    assert bad.returncode == 2 and "not a stream id" in bad.stderr
+
+
+def test_dlq_replay_refeeds_one_hooks_dead_letters(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    ids = dead_letters(r, keys)
+    out = ok(hookbus(bus_settings, "dlq", "replay", "h1"))
+    assert "re-fed 2 dead letters to h1" in out
+    assert r.xlen(keys.replay("h1")) == 2
+    assert [i.decode() for i, _ in r.xrange(keys.dlq)] == ids[2:]
+    assert "no dead letters of h1" in ok(hookbus(bus_settings, "dlq", "replay", "h1"))
+
+
+def test_dlq_purge_asks_for_yes_when_not_on_a_terminal(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    ids = dead_letters(r, keys)
+    refused = hookbus(bus_settings, "dlq", "purge")
+    assert refused.returncode == 2
+    [line] = refused.stderr.splitlines()
+    assert "4 dead letters" in line and "--yes" in line
+    assert r.xlen(keys.dlq) == 4
+    assert "deleted 1 dead letter of h2" in ok(
+        hookbus(bus_settings, "dlq", "purge", "--hook", "h2", "--yes")
+    )
+    assert [i.decode() for i, _ in r.xrange(keys.dlq)] == [ids[0], ids[1], ids[3]]
+    assert "deleted 3 dead letters" in ok(hookbus(bus_settings, "dlq", "purge", "--yes"))
+    assert r.xlen(keys.dlq) == 0
+    assert "nothing to delete" in ok(hookbus(bus_settings, "dlq", "purge", "--yes"))
+
+
+def test_dlq_purge_of_many_entries(bus_settings: BusSettings, r: redis.Redis) -> None:
+    keys = Keys(bus_settings.prefix)
+    with r.pipeline(transaction=False) as pipe:
+        for i in range(MANY + 100):
+            pipe.xadd(keys.dlq, {"source": "x", "reason": "r", "data": "d", "ts": i, "hook": "h"})
+        pipe.execute()
+    out = ok(hookbus(bus_settings, "dlq", "purge", "--hook", "h", "--yes"))
+    assert f"deleted {MANY + 100} dead letters of h" in out
+    assert r.xlen(keys.dlq) == 0
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics_shows_every_metrics_hash(bus_settings: BusSettings, r: redis.Redis) -> None:
+    keys = Keys(bus_settings.prefix)
+    assert "no metrics collected yet" in ok(hookbus(bus_settings, "metrics"))
+    r.hset(keys.metrics("AsyncMetricsHook"), mapping={"events.PreToolUse": 3, "tool_calls": 2})
+    r.hincrbyfloat(keys.metrics("AsyncMetricsHook"), "tool_latency_ms_total", 12.25)
+    r.hset(keys.metrics("Other"), "sessions_started", 1)
+    r.set(keys.metrics("not-a-hash"), "x")
+    out = ok(hookbus(bus_settings, "metrics"))
+    rows = [line.strip("│ ").split("│") for line in out.splitlines() if "│" in line]
+    assert [[c.strip() for c in row] for row in rows] == [
+        ["AsyncMetricsHook", "events.PreToolUse", "3"],
+        ["AsyncMetricsHook", "tool_calls", "2"],
+        ["AsyncMetricsHook", "tool_latency_ms_total", "12.25"],
+        ["Other", "sessions_started", "1"],
+    ]
+    assert "not-a-hash" not in out
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["hooks", "list"], ["lag"], ["events", "tail", "--count", "1"], ["dlq", "list"],
+     ["dlq", "purge", "--yes"], ["metrics"]],
+)  # fmt: skip
+def test_unreachable_redis_is_one_line_and_exit_code_2(
+    bus_settings: BusSettings, command: list[str]
+) -> None:
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    result = hookbus(bus_settings, *command, HOOKBUS_REDIS_URL=url)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"hookbus: cannot reach Redis at {url}: ")
+    assert result.stdout == ""
