@@ -29,7 +29,7 @@ from agent_adapter.llm import ChatMessage, LLMReply, ScriptedLLM, answer, call, 
 from agent_adapter.permissions import PermissionChecker, PermissionRule
 from agent_adapter.runtime import AgentRuntime, TurnResult
 from agent_adapter.tools import sandbox_tools
-from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision
+from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision, telemetry
 from bus.aggregation import Outcome
 from bus.errors import ConfigError
 from bus.settings import BusSettings
@@ -305,6 +305,14 @@ def main(out: TextIO, *, redis_url: str | None = None, embedded: bool = False) -
     # The timeline already shows blocks, warnings and denials; keep the log for real trouble.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.ERROR)
+    telemetry.configure("agent")  # OTEL_* decides: Jaeger over OTLP, the console, or nothing
+    try:
+        return _run(out, redis_url, embedded)
+    finally:
+        telemetry.shutdown()
+
+
+def _run(out: TextIO, redis_url: str | None, embedded: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="hookbus-demo-") as tmp:
         workdir = Path(tmp)
         url = redis_url or os.environ.get("HOOKBUS_REDIS_URL")

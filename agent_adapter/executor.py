@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
+from opentelemetry import trace
 
 from agent_adapter.llm import ToolCall
 from agent_adapter.permissions import (
@@ -45,6 +46,7 @@ from bus import (
 )
 
 log = logging.getLogger("hookbus.executor")
+tracer = trace.get_tracer("hookbus.executor")
 
 #: Asks a person about a tool call: True allows, False denies, None means nobody answered.
 Approver = Callable[[str, Mapping[str, Any], str], Awaitable[bool | None]]
@@ -141,6 +143,15 @@ class ToolExecutor:
         )
 
     async def _one(
+        self, session_id: str, call: ToolCall, step: int, agent_name: str, is_subagent: bool
+    ) -> _Call:
+        attrs = {"tool.name": call.name, "session.id": session_id, "agent.name": agent_name}
+        with tracer.start_as_current_span(f"tool {call.name}", attributes=attrs) as span:
+            done = await self._run_call(session_id, call, step, agent_name, is_subagent)
+            span.set_attribute("tool.is_error", done.message.is_error)
+            return done
+
+    async def _run_call(
         self, session_id: str, call: ToolCall, step: int, agent_name: str, is_subagent: bool
     ) -> _Call:
         tool = self.toolbox.get(call.name)

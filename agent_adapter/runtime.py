@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from opentelemetry import trace
 
 from agent_adapter.executor import Approver, Denial, ToolExecutor, ToolMessage
 from agent_adapter.llm import ChatMessage, ScriptedLLM
@@ -35,9 +36,11 @@ from bus import (
     TurnTerminal,
     render_system_reminder,
 )
+from bus.telemetry import instrument
 from workers.builtins import MetricsData
 
 log = logging.getLogger("hookbus.runtime")
+tracer = trace.get_tracer("hookbus.runtime")
 
 
 class TurnResult(msgspec.Struct, kw_only=True):
@@ -91,7 +94,7 @@ class AgentRuntime:
         turn_index: int = 0,
         system_prompt: str = "You are a careful agent. Use the tools you are given.",
     ) -> None:
-        self.hooks = hooks
+        self.hooks = instrument(hooks)  # spans and metrics when OTEL_* asks for them
         self.llm = llm
         self.session_id = session_id or f"session-{uuid.uuid4().hex[:8]}"
         self.executor = ToolExecutor(
@@ -134,6 +137,14 @@ class AgentRuntime:
             blocking_errors=[],
             warnings=[],
         )
+        with tracer.start_as_current_span(
+            "turn", attributes={"session.id": self.session_id, "turn.index": self.turn_index}
+        ) as span:
+            await self._turn(result)
+            span.set_attribute("turn.terminal", result.terminal.value)
+        return result
+
+    async def _turn(self, result: TurnResult) -> None:
         await self.hooks.run_on_session_start(
             SessionStartContext(
                 session_id=self.session_id,
@@ -153,7 +164,6 @@ class AgentRuntime:
                     session_id=self.session_id, terminal=result.terminal, total_steps=result.steps
                 )
             )
-        return result
 
     async def _loop(self, turn: TurnResult) -> None:
         messages = turn.messages
@@ -163,54 +173,62 @@ class AgentRuntime:
                 turn.answer = "The session was cancelled."
                 return
             turn.steps = step
-            reply = await self.llm.complete(messages)
-            if not reply.tool_calls:
-                messages.append(ChatMessage("assistant", reply.text))
-                turn.terminal, turn.answer = TurnTerminal.COMPLETED, reply.text
-                return
-            calls = ", ".join(c.name for c in reply.tool_calls)
-            messages.append(ChatMessage("assistant", reply.text or f"(calls {calls})"))
-            executed = await self.executor.execute_parallel(
-                self.session_id, reply.tool_calls, step=step
-            )
-            for m in executed.messages:
-                messages.append(ChatMessage("tool", m.content, m.tool_name))
-            turn.tool_messages.extend(executed.messages)
-            dedup = ContextDeduplicator()
-            for ctx in executed.hook_contexts:
-                if not dedup.is_duplicate(ctx):
-                    reminder = render_system_reminder(ctx)
-                    messages.append(ChatMessage("user", reminder))
-                    turn.reminders.append(reminder)
-            for b in executed.blocking_errors:
-                log.warning("tool call blocked by %s: %s", b.hook_name, b.reason)
-                if b.hook_name == "CancellationHook":  # however the hook learnt of it
-                    self.cancelled.add(self.session_id)
-            for w in executed.warnings:
-                log.warning("hook warning: %s", w)
-            for permission, tool in executed.post_permission_requests:
-                log.info("post-hoc permission request for %s: %s", tool, permission)
-            turn.denials.extend(executed.denials)
-            turn.blocking_errors.extend(executed.blocking_errors)
-            turn.warnings.extend(executed.warnings)
-            tokens = estimate_tokens(messages)
-            await self.hooks.run_on_step_complete(
-                StepCompleteContext(
-                    session_id=self.session_id,
-                    step=step,
-                    max_steps=self.max_steps,
-                    messages_count=len(messages),
-                    estimated_tokens=tokens,
-                    token_limit=self.token_limit,
-                )
-            )
-            if tokens > self.token_limit:
-                await self._compact(messages, tokens)
+            with tracer.start_as_current_span(f"step {step}", attributes={"step": step}):
+                if await self._step(turn, step):
+                    return
         turn.terminal = TurnTerminal.MAX_STEPS
         turn.answer = f"Stopped after {self.max_steps} steps without a final answer."
         messages.append(
             ChatMessage("user", f"<system-reminder>\n{turn.answer}\n</system-reminder>")
         )
+
+    async def _step(self, turn: TurnResult, step: int) -> bool:
+        """One ReAct step; True when the turn is over."""
+        messages = turn.messages
+        reply = await self.llm.complete(messages)
+        if not reply.tool_calls:
+            messages.append(ChatMessage("assistant", reply.text))
+            turn.terminal, turn.answer = TurnTerminal.COMPLETED, reply.text
+            return True
+        calls = ", ".join(c.name for c in reply.tool_calls)
+        messages.append(ChatMessage("assistant", reply.text or f"(calls {calls})"))
+        executed = await self.executor.execute_parallel(
+            self.session_id, reply.tool_calls, step=step
+        )
+        for m in executed.messages:
+            messages.append(ChatMessage("tool", m.content, m.tool_name))
+        turn.tool_messages.extend(executed.messages)
+        dedup = ContextDeduplicator()
+        for ctx in executed.hook_contexts:
+            if not dedup.is_duplicate(ctx):
+                reminder = render_system_reminder(ctx)
+                messages.append(ChatMessage("user", reminder))
+                turn.reminders.append(reminder)
+        for b in executed.blocking_errors:
+            log.warning("tool call blocked by %s: %s", b.hook_name, b.reason)
+            if b.hook_name == "CancellationHook":  # however the hook learnt of it
+                self.cancelled.add(self.session_id)
+        for w in executed.warnings:
+            log.warning("hook warning: %s", w)
+        for permission, tool in executed.post_permission_requests:
+            log.info("post-hoc permission request for %s: %s", tool, permission)
+        turn.denials.extend(executed.denials)
+        turn.blocking_errors.extend(executed.blocking_errors)
+        turn.warnings.extend(executed.warnings)
+        tokens = estimate_tokens(messages)
+        await self.hooks.run_on_step_complete(
+            StepCompleteContext(
+                session_id=self.session_id,
+                step=step,
+                max_steps=self.max_steps,
+                messages_count=len(messages),
+                estimated_tokens=tokens,
+                token_limit=self.token_limit,
+            )
+        )
+        if tokens > self.token_limit:
+            await self._compact(messages, tokens)
+        return False
 
     async def _compact(self, messages: list[ChatMessage], tokens: int) -> None:
         await self.hooks.run_on_pre_compact(

@@ -36,8 +36,11 @@ def _settings(args: argparse.Namespace) -> BusSettings:
     return settings
 
 
-def _serve(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+def _serve(main: Callable[[asyncio.Event], Awaitable[None]], role: str) -> int:
     """Run a service until SIGTERM or Ctrl-C, then let it shut down cleanly."""
+    from bus import telemetry
+
+    telemetry.configure(role)
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -46,7 +49,10 @@ def _serve(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    asyncio.run(runner())
+    try:
+        asyncio.run(runner())
+    finally:
+        telemetry.shutdown()  # flush the last spans
     return 0
 
 
@@ -74,7 +80,7 @@ def _worker(args: argparse.Namespace) -> int:
         )
     else:
         service = HookWorker(hook, _settings(args), scope=args.scope)
-    return _serve(service.run)
+    return _serve(service.run, "worker")
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -103,7 +109,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _coordinator(args: argparse.Namespace) -> int:
     from workers.coordinator_service import CoordinatorService
 
-    return _serve(CoordinatorService(_settings(args)).run)
+    return _serve(CoordinatorService(_settings(args)).run, "coordinator")
 
 
 def _cancel(args: argparse.Namespace) -> int:

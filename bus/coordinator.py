@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from redis.exceptions import RedisError
 
+from bus import telemetry
 from bus.aggregation import Outcome
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, run_targets
@@ -91,6 +92,7 @@ class Coordinator(EventRunner):
         self._tasks: list[asyncio.Task[Any]] = []
         self._wake = asyncio.Event()
         self._closed = False
+        telemetry.instrument(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -146,6 +148,7 @@ class Coordinator(EventRunner):
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
+        traceparent, tracestate = telemetry.headers()
         message = EventMessage(
             id=new_id(),
             ts=now_ms(),
@@ -153,6 +156,8 @@ class Coordinator(EventRunner):
             session_id=session_of(ctx),
             context=raw(ctx),
             source=self.source,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         # A backstop cap only: retention (bus/retention.py) trims history without losing
         # what a group has not handled yet.
@@ -213,6 +218,7 @@ class Coordinator(EventRunner):
         if not self.directory.live(hook):
             raise HookUnreachable(f"no live replica of hook {hook}")
         loop = asyncio.get_running_loop()
+        traceparent, tracestate = telemetry.headers()  # the dispatch span: the hook's parent
         request = HookRequest(
             id=new_id(),
             ts=now_ms(),
@@ -223,6 +229,8 @@ class Coordinator(EventRunner):
             deadline=now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
             event_id=_event_id.get(),
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         future: asyncio.Future[HookReply] = loop.create_future()
         self._waiting[request.id] = future

@@ -53,10 +53,15 @@ class Processes:
     ) -> subprocess.Popen[bytes]:
         return self.start(["worker", target, *extra_args], worker_env(settings, **env), label)
 
-    def scripted(self, settings: BusSettings, config: HookConfig, *args: str) -> Any:
+    def scripted(self, settings: BusSettings, config: HookConfig, *args: str, **env: str) -> Any:
         payload = msgspec.json.encode(config).decode()
         return self.worker(
-            settings, "tests.remote_hooks:Scripted", config.name, *args, HOOKBUS_TEST_HOOK=payload
+            settings,
+            "tests.remote_hooks:Scripted",
+            config.name,
+            *args,
+            HOOKBUS_TEST_HOOK=payload,
+            **env,
         )
 
     def logs(self) -> str:

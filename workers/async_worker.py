@@ -29,10 +29,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
+from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import ResponseError
 
+from bus import telemetry
 from bus.errors import ProtocolError
-from bus.events import TOOL_EVENTS, tool_of
+from bus.events import TOOL_EVENTS, session_of, tool_of
 from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_event, spec_of
 from bus.keys import Keys, check_name
 from bus.protocol import (
@@ -47,7 +49,7 @@ from bus.protocol import (
     now_ms,
 )
 from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, ensure_group, group_lost
-from bus.retention import trim_events
+from bus.retention import group_backlogs, trim_events
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.async")
@@ -93,6 +95,19 @@ class AsyncHookWorker:
         self.stats = {"handled": 0, "failed": 0, "dead_lettered": 0, "claimed": 0, "skipped": 0}
         self.registered = asyncio.Event()
         self._busy = asyncio.Lock()  # one batch at a time: the read loop or the claimer
+        self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
+        self.backlog = 0
+        if telemetry.enabled():
+            telemetry.meter.create_observable_gauge(
+                "hookbus.consumer.lag",
+                callbacks=[self._observe_lag],
+                description="events not yet handled by this async hook's group",
+            )
+
+    def _observe_lag(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(self.backlog, {"hook.name": self.group})]
 
     # -- registration ------------------------------------------------------------------------
 
@@ -200,6 +215,8 @@ class AsyncHookWorker:
                 acks.append(entry_id)
                 continue
             todo.append((entry_id, DeliveredEvent(message.id, message.event, message.ts, ctx)))
+            if message.traceparent:
+                self._trace[message.id] = (message.traceparent, message.tracestate)
         failures: dict[bytes, str] = {}
         if todo:
             if self.hook.handles_batches:
@@ -211,9 +228,12 @@ class AsyncHookWorker:
                     entry_id: why for (entry_id, _), why in zip(todo, reasons, strict=True) if why
                 }
             acks.extend(entry_id for entry_id, _ in todo if entry_id not in failures)
+        self._trace.clear()
         self.stats["handled"] += len(todo) - len(failures)
         self.stats["failed"] += len(failures)
         self.stats["dead_lettered"] += len(dead)
+        if dead:
+            telemetry.count_dead_letters(self.group, len(dead))
         await self._settle(stream, acks, dead, failures)
 
     def _wants(self, event: Any, ctx: Any) -> bool:
@@ -226,7 +246,23 @@ class AsyncHookWorker:
 
     async def _call_one(self, delivered: DeliveredEvent) -> str | None:
         method = getattr(self.hook, ASYNC_METHODS[delivered.event])
-        return await self._call(method(delivered.context), delivered)
+        if not telemetry.enabled():
+            return await self._call(method(delivered.context), delivered)
+        tool, _ = tool_of(delivered.context)
+        attrs = {
+            "hook.name": self.group,
+            "hook.event": delivered.event.value,
+            "session.id": session_of(delivered.context),
+            "hook.replica": self.replica,
+            **({"tool.name": tool} if tool else {}),
+        }
+        parent = self._trace.get(delivered.id, ("", ""))
+        with telemetry.hook_span(f"hook {self.group}", attrs, *parent, link_only=True) as span:
+            why = await self._call(method(delivered.context), delivered)
+            span.set_attribute("hook.timed_out", bool(why and why.startswith("timed out")))
+            if why:
+                span.set_status(Status(StatusCode.ERROR, why))
+            return why
 
     async def _call(self, coro: Any, delivered: DeliveredEvent | None) -> str | None:
         """None if the hook returned, else why it did not."""
@@ -269,6 +305,9 @@ class AsyncHookWorker:
                 if time.monotonic() - last_trim > 10:
                     last_trim = time.monotonic()
                     await trim_events(self.redis, self.keys, self.settings.events_maxlen)
+                    mine = (await group_backlogs(self.redis, self.keys.events)).get(self.group)
+                    if mine:
+                        self.backlog = (mine["lag"] or 0) + mine["pending"]
             except ResponseError as exc:
                 log.debug("claim skipped: %s", exc)
             except UNREACHABLE as exc:
@@ -321,6 +360,7 @@ class AsyncHookWorker:
             )
             log.error("%s gave up on %s after %d deliveries: %s", self.group, entry_id, n, why)
         self.stats["dead_lettered"] += len(dead)
+        telemetry.count_dead_letters(self.group, len(dead))
         async with self.redis.pipeline(transaction=False) as pipe:
             for entry in dead:
                 pipe.xadd(self.keys.dlq, entry, maxlen=100_000, approximate=True)

@@ -15,8 +15,10 @@ import logging
 from typing import Any
 
 import msgspec
+from opentelemetry import context as otel_context
 from redis.exceptions import RedisError, ResponseError
 
+from bus import telemetry
 from bus.coordinator import Coordinator
 from bus.dispatch import deadline_cap
 from bus.errors import InvalidInputError, ProtocolError
@@ -144,6 +146,8 @@ class CoordinatorService:
         # Every hook of this dispatch must answer within what the agent will wait, so that a
         # slow hook is skipped under its failure policy rather than failing the whole decision.
         deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
+        if request.traceparent:  # the agent's trace continues through this dispatch
+            otel_context.attach(telemetry.context_from(request.traceparent, request.tracestate))
         try:
             result = await asyncio.wait_for(
                 getattr(self.coordinator, _RUN[request.event])(ctx), timeout

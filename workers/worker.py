@@ -26,10 +26,13 @@ import time
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import RedisError, ResponseError
 
+from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
 from bus.errors import ConfigError, ProtocolError
+from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, AsyncAgentHook, spec_of
 from bus.keys import WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
@@ -243,22 +246,15 @@ class HookWorker:
             await self._ack(entry_id)
             return
         t0 = time.perf_counter()
-        status, action, error = "ok", None, ""
-        answer: Any = None
-        try:
-            method = getattr(self.hook, SYNC_METHODS[request.event])
-            answer = await asyncio.wait_for(method(ctx), remaining)
-            allowed = ALLOWED_ACTIONS.get(request.event)
-            if allowed is not None and answer is not None and not isinstance(answer, allowed):
-                raise TypeError(f"answered {type(answer).__name__} to {request.event}")
-            action = answer if allowed is not None else None
-        except TimeoutError:
+        if telemetry.enabled():
+            outcome = await self._traced(request, ctx, remaining)
+        else:
+            outcome = await self._run_hook(request, ctx, remaining)
+        if outcome is None:
             self.stats["expired"] += 1
             await self._ack(entry_id)  # the coordinator has given up on it: no reply
             return
-        except Exception as exc:
-            self.stats["errors"] += 1
-            status, action, error = "error", None, f"{type(exc).__name__}: {exc}"
+        status, action, error = outcome
         reply = HookReply(
             id=new_id(),
             ts=now_ms(),
@@ -281,6 +277,50 @@ class HookWorker:
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
             log.warning("could not reply to %s: %s", request.id, exc)
+
+    async def _run_hook(
+        self, request: HookRequest, ctx: Any, remaining: float
+    ) -> tuple[str, Any, str] | None:
+        """(status, action, error) of one hook call, or None if it ran out of time."""
+        try:
+            method = getattr(self.hook, SYNC_METHODS[request.event])
+            answer = await asyncio.wait_for(method(ctx), remaining)
+            allowed = ALLOWED_ACTIONS.get(request.event)
+            if allowed is not None and answer is not None and not isinstance(answer, allowed):
+                raise TypeError(f"answered {type(answer).__name__} to {request.event}")
+            return "ok", (answer if allowed is not None else None), ""
+        except TimeoutError:
+            return None
+        except Exception as exc:
+            self.stats["errors"] += 1
+            return "error", None, f"{type(exc).__name__}: {exc}"
+
+    async def _traced(
+        self, request: HookRequest, ctx: Any, remaining: float
+    ) -> tuple[str, Any, str] | None:
+        tool, _ = tool_of(ctx)
+        attrs = {
+            "hook.name": self.spec.name,
+            "hook.event": request.event.value,
+            "session.id": request.session_id,
+            "hook.failure_policy": self.spec.failure_policy,
+            "hook.replica": self.replica,
+            **({"tool.name": tool} if tool else {}),
+        }
+        name = f"hook {self.spec.name}"
+        with telemetry.hook_span(name, attrs, request.traceparent, request.tracestate) as span:
+            outcome = await self._run_hook(request, ctx, remaining)
+            span.set_attribute("hook.timed_out", outcome is None)
+            if outcome is None:
+                span.set_status(Status(StatusCode.ERROR, "ran past the request's deadline"))
+                return None
+            status, action, error = outcome
+            tag = telemetry.action_tag(action) if status == "ok" else "error"
+            span.set_attribute("hook.action", tag)
+            telemetry.annotate(span, action)
+            if status == "error":
+                span.set_status(Status(StatusCode.ERROR, error))
+            return outcome
 
     async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
         """Tell the requester at once, when it can be told, instead of letting it time out."""
