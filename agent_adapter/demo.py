@@ -220,9 +220,13 @@ HOOK_SERVICES = [
 
 
 async def run_distributed(
-    workdir: Path, settings: BusSettings, out: TextIO
+    workdir: Path, settings: BusSettings, out: TextIO, attach: bool = False
 ) -> tuple[TurnResult, list[dict[str, Any]]]:
-    """The same session with every hook in its own ``hookbus worker`` process."""
+    """The same session with every hook in its own ``hookbus worker`` process.
+
+    With ``attach`` it starts no process and uses the hook services already running (the
+    docker-compose stack, say).
+    """
     audit_db = workdir / "audit.db"
     env = {
         **os.environ,
@@ -230,7 +234,8 @@ async def run_distributed(
         "HOOKBUS_PREFIX": settings.prefix,
         "HOOKBUS_AUDIT_DB": str(audit_db),
     }
-    print(f"starting {len(HOOK_SERVICES)} hook services, one process each ...", file=out)
+    if not attach:
+        print(f"starting {len(HOOK_SERVICES)} hook services, one process each ...", file=out)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "bus.cli", "worker", target],
@@ -238,7 +243,7 @@ async def run_distributed(
             stdout=subprocess.DEVNULL,
             stderr=(workdir / f"worker-{i}.log").open("wb"),
         )
-        for i, target in enumerate(HOOK_SERVICES)
+        for i, target in enumerate([] if attach else HOOK_SERVICES)
     ]
     cancelled: set[str] = set()
     metrics = MetricsData()
@@ -246,9 +251,12 @@ async def run_distributed(
     client.add(MetricsHook(metrics))  # shares the runtime's metrics, so it runs in-process
     try:
         await client.start()
-        names = [t.rpartition(":")[2] for t in HOOK_SERVICES]
-        names[names.index("RedisCancellationHook")] = "CancellationHook"
-        await _wait_live(client, names, procs, out)
+        if attach:
+            await _wait_any(client, out)
+        else:
+            names = [t.rpartition(":")[2] for t in HOOK_SERVICES]
+            names[names.index("RedisCancellationHook")] = "CancellationHook"
+            await _wait_live(client, names, procs, out)
         timeline = Timeline(out)
         client.observers.append(timeline)
         print(f"\n{'event':<19} {'tool':<14} {'latency':>11}  hooks and their answers", file=out)
@@ -272,6 +280,15 @@ async def run_distributed(
     rows = read_audit_rows(audit_db)
     report(result, rows, runtime.get_metrics(), None, out)
     return result, rows
+
+
+async def _wait_any(client: HookClient, out: TextIO) -> None:
+    deadline = time.monotonic() + 60
+    while not (live := sorted(n for n in client.directory.by_name if client.directory.live(n))):
+        if time.monotonic() > deadline:
+            raise ConfigError("no hook service is live: start some with `hookbus worker ...`")
+        await asyncio.sleep(0.1)
+    print(f"attached to the running hook services: {', '.join(live)}", file=out)
 
 
 async def _wait_live(
@@ -300,19 +317,21 @@ def read_audit_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def main(out: TextIO, *, redis_url: str | None = None, embedded: bool = False) -> int:
+def main(
+    out: TextIO, *, redis_url: str | None = None, embedded: bool = False, attach: bool = False
+) -> int:
     """Run the demo: distributed when Redis is at hand, else embedded (and say so)."""
     # The timeline already shows blocks, warnings and denials; keep the log for real trouble.
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(logging.ERROR)
     telemetry.configure("agent")  # OTEL_* decides: Jaeger over OTLP, the console, or nothing
     try:
-        return _run(out, redis_url, embedded)
+        return _run(out, redis_url, embedded, attach)
     finally:
         telemetry.shutdown()
 
 
-def _run(out: TextIO, redis_url: str | None, embedded: bool) -> int:
+def _run(out: TextIO, redis_url: str | None, embedded: bool, attach: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="hookbus-demo-") as tmp:
         workdir = Path(tmp)
         url = redis_url or os.environ.get("HOOKBUS_REDIS_URL")
@@ -329,11 +348,11 @@ def _run(out: TextIO, redis_url: str | None, embedded: bool) -> int:
         server = None if url else RedisServer().start()
         try:
             settings = BusSettings.from_env(redis_url=url or server.url)  # type: ignore[union-attr]
-            if not os.environ.get("HOOKBUS_PREFIX"):
+            if not os.environ.get("HOOKBUS_PREFIX") and not attach:
                 settings = msgspec.structs.replace(settings, prefix=f"hookbus-demo-{os.getpid()}")
             where = "a private redis-server" if server else settings.redis_url
             print(f"hookbus demo — distributed mode, Redis at {where}", file=out)
-            asyncio.run(run_distributed(workdir, settings, out))
+            asyncio.run(run_distributed(workdir, settings, out, attach))
         finally:
             if server is not None:
                 server.close()

@@ -59,7 +59,7 @@ def _serve(main: Callable[[asyncio.Event], Awaitable[None]], role: str) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from agent_adapter.demo import main as demo_main
 
-    return demo_main(sys.stdout, redis_url=args.redis, embedded=args.embedded)
+    return demo_main(sys.stdout, redis_url=args.redis, embedded=args.embedded, attach=args.attach)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -386,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = with_redis(sub.add_parser("demo", help="run one scripted agent session"))
     demo.add_argument("--embedded", action="store_true", help="hooks in this process, no Redis")
+    demo.add_argument(
+        "--attach", action="store_true", help="use the hook services already running (compose)"
+    )
     demo.set_defaults(func=_demo)
 
     worker = with_redis(sub.add_parser("worker", help="serve one hook over Redis"))

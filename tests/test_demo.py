@@ -53,3 +53,21 @@ def test_demo_without_redis_runs_embedded_and_says_so_in_one_line() -> None:
     assert first.startswith("no Redis configured") and "running embedded" in first
     check_session(out.stdout)
     assert "Traceback" not in out.stderr
+
+
+def test_demo_attaches_to_running_hook_services(bus_settings: Any, procs: Any) -> None:
+    from tests.harness import worker_env
+
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    out = subprocess.run(
+        [sys.executable, "-m", "bus.cli", "demo", "--attach"],
+        cwd=ROOT,
+        env=worker_env(bus_settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "attached to the running hook services: SecretGuard" in out.stdout
+    assert "SecretGuard: Block(.env files hold secrets" in out.stdout
+    assert "turn ended: Cancelled" not in out.stdout  # no cancellation service is running
