@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = ["bench.inprocess", "bench.sync_dispatch"]
+MODULES = ["bench.inprocess", "bench.sync_dispatch", "bench.async_throughput"]
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,7 @@ Three kinds of process, all started by the benchmark (never by hand)::
 
     python -m bench.floor_worker worker URL PREFIX NAME         # one floor hook
     python -m bench.floor_worker service URL PREFIX NAME...     # a floor coordinator service
-    python -m bench.floor_worker faststream URL PREFIX NAME     # a FastStream subscriber (reference)
+    python -m bench.floor_worker faststream URL PREFIX NAME     # FastStream subscriber (reference)
 
 A floor hook reads its own stream with ``XREADGROUP … BLOCK`` and answers each request with one
 pipelined ``RPUSH`` (to the inbox the request names) + ``XACK``: no validation, no deadline, no
@@ -78,6 +78,7 @@ async def hook(url: str, prefix: str, name: str) -> None:
     parent = os.getppid()
     redis = connect(url)
     stream = requests_key(prefix, name)
+    replica = f"floor-{os.getpid()}"
     await ensure_group(redis, stream, GROUP)
     await redis.rpush(f"{prefix}:ready", name)
     while not orphaned(parent):
@@ -85,7 +86,7 @@ async def hook(url: str, prefix: str, name: str) -> None:
         for _, entries in response or ():
             for entry_id, fields in entries:
                 request = _request(fields[b"data"])
-                reply = _encode({"request_id": request.id, "hook": name, "action": CONTINUE})
+                reply = hook_reply(request.id, name, replica)
                 async with redis.pipeline(transaction=False) as pipe:
                     pipe.rpush(request.reply_to, reply)
                     pipe.xack(stream, GROUP, entry_id)
@@ -118,6 +119,8 @@ def hook_request(name: str, session_id: str, context: msgspec.Raw, inbox: str) -
             "v": 1,
             "id": request_id,
             "ts": 0,
+            "traceparent": "",
+            "tracestate": "",
             "hook": name,
             "event": "PreToolUse",
             "session_id": session_id,
@@ -127,6 +130,26 @@ def hook_request(name: str, session_id: str, context: msgspec.Raw, inbox: str) -
         }
     )
     return request_id, payload
+
+
+def hook_reply(request_id: str, name: str, replica: str) -> bytes:
+    """A reply of HookBus's size (the fields of a HookReply, no checks behind them)."""
+    return _encode(
+        {
+            "v": 1,
+            "id": os.urandom(16).hex(),
+            "ts": 0,
+            "traceparent": "",
+            "tracestate": "",
+            "request_id": request_id,
+            "hook": name,
+            "replica": replica,
+            "status": "ok",
+            "action": CONTINUE,
+            "error": "",
+            "elapsed_ms": 0.0,
+        }
+    )
 
 
 class FloorDecision(msgspec.Struct):

@@ -17,7 +17,9 @@ Beside each, the floor: the same topology hand-written on raw redis-py (``bench/
 agent doing one pipelined ``XADD`` of N requests then ``BLMPOP`` until N replies are in; and for
 the service topology a floor service that does exactly what the floor agent does. Messages are
 JSON of HookBus's size. The ratio says what HookBus's protocol checks, deadlines, selection,
-aggregation and bookkeeping cost over the least the same round trips can cost.
+aggregation and bookkeeping cost over the least the same round trips can cost. (HookBus also
+publishes every event to ``{p}:events`` in the same pipelined round trip, for async hooks; the
+floor does not, so that cost counts on HookBus's side.)
 
 HookBus and its floor are sampled in alternating batches in the same run, so that a noisy moment
 spreads over both. Each scenario has its own key prefix. A reference row times FastStream 0.7's
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import datetime as dt
 import gc
 import json
@@ -54,12 +55,14 @@ import msgspec
 import redis as redis_py
 from redis.asyncio import Redis
 
-from bench.floor_worker import fan_out, hook_request, requests_key
+from agent_adapter.client import HookClient
+from bench.floor_worker import fan_out, hook_reply, hook_request, requests_key
 from bus.actions import CONTINUE, Continue, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
 from bus.hooks import AgentHook
-from bus.protocol import DecisionRequest, encode, new_id, now_ms, raw
+from bus.protocol import DecisionRequest, HookReply, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings, HookSettings
+from workers.redis_server import RedisServer
 
 HOOK_COUNTS = (1, 3, 8)
 TARGET_HOOKS = (1, 3)
@@ -132,11 +135,35 @@ def context() -> PreToolUseContext:
 
 # -- child processes -------------------------------------------------------------------------
 
+#: How every child starts: on Linux it first asks for SIGKILL when the benchmark dies (so that a
+#: benchmark killed without cleaning up leaves nothing behind), then runs its module.
+BOOT = """\
+import ctypes, runpy, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the child gets SIGKILL if the benchmark dies without cleaning up."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+def _dying_with_us(binary: str, where: Path) -> str:
+    """A wrapper that execs ``binary`` after the same PR_SET_PDEATHSIG request as BOOT's."""
+    if sys.platform != "linux":
+        return binary
+    wrapper = where / "redis-server"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import ctypes, os, signal, sys\n"
+        "try:\n"
+        "    ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+        "except Exception:\n"
+        "    pass\n"
+        f"os.execv({binary!r}, [{binary!r}, *sys.argv[1:]])\n"
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 class Children:
@@ -146,17 +173,19 @@ class Children:
         self.logdir = logdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, label: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, label: str, module: str, args: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Run ``python -m module args…`` from the repository root."""
         log = open(self.logdir / f"{label}.log", "wb")  # noqa: SIM115
         try:
             proc = subprocess.Popen(
-                [sys.executable, *args],
+                [sys.executable, "-c", BOOT, module, *args],
                 cwd=ROOT,
-                env=env,
+                env=dict(os.environ) if env is None else env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
             )
         finally:
             log.close()
@@ -351,6 +380,8 @@ def floor_decision(ctx: msgspec.Raw) -> Callable[[str], tuple[str, bytes]]:
                 "v": 1,
                 "id": request_id,
                 "ts": 0,
+                "traceparent": "",
+                "tracestate": "",
                 "event": "PreToolUse",
                 "context": ctx,
                 "reply_to": inbox,
@@ -359,6 +390,32 @@ def floor_decision(ctx: msgspec.Raw) -> Callable[[str], tuple[str, bytes]]:
         )
 
     return make
+
+
+def payload_sizes() -> dict[str, int]:
+    """Bytes on the wire of each message, HookBus's and the floor's, for one hook."""
+    ctx, name, inbox = context(), NOOPS[0].name, "bench-hb1:inbox:host-12345-abcdef"
+    request = HookRequest(
+        id=new_id(),
+        ts=now_ms(),
+        hook=name,
+        event=HookEvent.PRE_TOOL_USE,
+        session_id=ctx.session_id,
+        context=raw(ctx),
+        deadline=now_ms(),
+        reply_to=inbox,
+    )
+    reply = HookReply(
+        id=new_id(), ts=now_ms(), request_id=request.id, hook=name, replica="host-123-abcd"
+    )
+    return {
+        "hookbus_request": len(encode(request)),
+        "hookbus_reply": len(encode(msgspec.structs.replace(reply, action=CONTINUE))),
+        "hookbus_decision_request": len(hookbus_decision(raw(ctx))(inbox)[1]),
+        "floor_request": len(hook_request(name, ctx.session_id, raw(ctx), inbox)[1]),
+        "floor_reply": len(hook_reply(request.id, name, "floor-12345")),
+        "floor_decision_request": len(floor_decision(raw(ctx))(inbox)[1]),
+    }
 
 
 # -- one hook count --------------------------------------------------------------------------
@@ -391,20 +448,22 @@ class Scenario:
         self.names = [h.name for h in self.hooks]
         self.labels: list[str] = []
 
-    def _spawn(self, label: str, args: list[str], env: dict[str, str]) -> None:
-        self.children.start(label, args, env)
+    def _spawn(
+        self, label: str, module: str, args: list[str], env: dict[str, str] | None = None
+    ) -> None:
+        self.children.start(label, module, args, env)
         self.labels.append(label)
 
     def start_workers(self) -> None:
         env = hookbus_env(self.url, self.hb_prefix)
         for hook in self.hooks:
             target = f"{MODULE}:{hook.__name__}"
-            self._spawn(f"hb{self.n}-{hook.name}", ["-m", "bus.cli", "worker", target], env)
+            self._spawn(f"hb{self.n}-{hook.name}", "bus.cli", ["worker", target], env)
         for name in self.names:
             self._spawn(
                 f"floor{self.n}-{name}",
-                ["-m", "bench.floor_worker", "worker", self.url, self.floor_prefix, name],
-                dict(os.environ),
+                "bench.floor_worker",
+                ["worker", self.url, self.floor_prefix, name],
             )
 
     def stop(self, labels: list[str] | None = None) -> None:
@@ -413,8 +472,6 @@ class Scenario:
         self.labels = [label for label in self.labels if label not in chosen]
 
     async def agent_topology(self, plan: Plan, faststream: bool) -> tuple[dict[str, Any], Any]:
-        from agent_adapter.client import HookClient
-
         settings = BusSettings(redis_url=self.url, prefix=self.hb_prefix)
         client = await HookClient(settings, HookSettings(hook_timeout_secs=10)).start()
         reference = None
@@ -457,6 +514,7 @@ class Scenario:
             await client.close()
             if broker is not None:
                 await broker.stop()
+            self.stop([label for label in self.labels if label.startswith("fs")])
         row = summary(self.n, samples["hookbus"], samples["floor"])
         progress(self._line(row))
         if "faststream" in samples:
@@ -479,11 +537,7 @@ class Scenario:
         prefix = f"bench-fs{self.n}"
         name = self.names[0]
         label = f"fs{self.n}-{name}"
-        self._spawn(
-            label,
-            ["-m", "bench.floor_worker", "faststream", self.url, prefix, name],
-            dict(os.environ),
-        )
+        self._spawn(label, "bench.floor_worker", ["faststream", self.url, prefix, name])
         await wait_ready(self.redis, prefix, 1, self.children)
         broker = RedisBroker(self.url)
         await broker.connect()
@@ -501,13 +555,11 @@ class Scenario:
     async def service_topology(self, plan: Plan) -> dict[str, Any]:
         hb_label = f"hb{self.n}-coordinator"
         floor_label = f"floor{self.n}-service"
-        self._spawn(
-            hb_label, ["-m", "bus.cli", "coordinator"], hookbus_env(self.url, self.hb_prefix)
-        )
+        self._spawn(hb_label, "bus.cli", ["coordinator"], hookbus_env(self.url, self.hb_prefix))
         self._spawn(
             floor_label,
-            ["-m", "bench.floor_worker", "service", self.url, self.floor_prefix, *self.names],
-            dict(os.environ),
+            "bench.floor_worker",
+            ["service", self.url, self.floor_prefix, *self.names],
         )
         decisions = f"{self.hb_prefix}:decisions"
 
@@ -613,8 +665,13 @@ async def run(plan: Plan, url: str, children: Children, reference: bool) -> dict
         "redis_py": redis_py.__version__,
         "warmup_calls": plan.warmup,
         "samples_per_point": plan.samples,
+        "payload_bytes": payload_sizes(),
         "topologies": {
-            name: {"description": TOPOLOGIES[name], "results": rows[name], "target": _target(rows[name])}
+            name: {
+                "description": TOPOLOGIES[name],
+                "results": rows[name],
+                "target": _target(rows[name]),
+            }
             for name in ("agent", "service")
         },
         "reference": ref,
@@ -670,13 +727,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
 
-    from workers.redis_server import RedisServer
-
     previous = signal.signal(signal.SIGTERM, _terminated)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
         children = Children(Path(logdir))
         server = RedisServer()
+        server.binary = _dying_with_us(server.binary, Path(logdir))
         try:
             server.start()
             progress(f"redis-server on port {server.port}; logs of the workers in {logdir}")

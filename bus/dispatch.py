@@ -66,6 +66,16 @@ async def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
     return await _drive(coro, first)
 
 
+def eager(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
+    """Run a coroutine's first step now: ``(True, result)`` if that finished it, else
+    ``(False, rest)`` where ``rest`` is a coroutine to finish in a task. Raises what it raises."""
+    try:
+        first = coro.send(None)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, _resume(coro, first)
+
+
 def _retrieve(task: asyncio.Task[Any]) -> None:
     # A hook abandoned at its timeout may still raise later; read it so asyncio does not log
     # "exception was never retrieved" for something the dispatch already recorded.

@@ -1,0 +1,150 @@
+"""JSON Schema and AsyncAPI documents generated from the wire types (``hookbus schema export``).
+
+The committed copies in ``docs/schema/`` are what clients in other languages build against; a
+test fails when the code and the committed files disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bus.events import CONTEXT_TYPES
+from bus.protocol import (
+    DATA_FIELD,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    ControlMessage,
+    DecisionReply,
+    DecisionRequest,
+    EventMessage,
+    HookManifest,
+    HookReply,
+    HookRequest,
+)
+
+MESSAGES: dict[str, type] = {
+    "EventMessage": EventMessage,
+    "HookRequest": HookRequest,
+    "HookReply": HookReply,
+    "HookManifest": HookManifest,
+    "DecisionRequest": DecisionRequest,
+    "DecisionReply": DecisionReply,
+    "ControlMessage": ControlMessage,
+    **{kind.__name__: kind for kind in CONTEXT_TYPES.values()},
+}
+
+
+def _schema(kind: type) -> dict[str, Any]:
+    schema: dict[str, Any] = msgspec.json.schema(kind)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/{kind.__name__}.json"
+    return schema
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """File name → JSON Schema, one per message and per event context."""
+    return {f"{name}.json": _schema(kind) for name, kind in MESSAGES.items()}
+
+
+def asyncapi() -> dict[str, Any]:
+    """An AsyncAPI 3.0 document of the channels (Redis keys under the default prefix)."""
+
+    def ref(name: str) -> dict[str, str]:
+        return {"$ref": f"#/components/messages/{name}"}
+
+    channels = {
+        "events": ("hookbus:events",
+                   "Every lifecycle event (stream; one consumer group per async hook)",
+                   ["EventMessage"]),
+        "hookRequests": ("hookbus:hook:{hook}:requests",
+                         "Requests for one sync hook (stream; group `workers`)", ["HookRequest"]),
+        "inbox": ("hookbus:inbox:{owner}", "Replies for one coordinator or agent (list)",
+                  ["HookReply", "DecisionReply"]),
+        "decisions": ("hookbus:decisions",
+                      "Decision requests for the coordinator service (stream; group "
+                      "`coordinators`)", ["DecisionRequest"]),
+        "hooks": ("hookbus:hooks", "Hook manifests (hash: name → manifest)", ["HookManifest"]),
+        "control": ("hookbus:control", "Announcements (pub/sub)", ["ControlMessage"]),
+    }  # fmt: skip
+    operations = {
+        "publishEvent": ("send", "events"),
+        "consumeEvents": ("receive", "events"),
+        "requestHook": ("send", "hookRequests"),
+        "serveHook": ("receive", "hookRequests"),
+        "readReplies": ("receive", "inbox"),
+        "askCoordinator": ("send", "decisions"),
+        "registerHook": ("send", "hooks"),
+        "announce": ("send", "control"),
+    }
+    components = {
+        name: {"name": name, "contentType": "application/json",
+               "payload": {"$ref": f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/{name}.json"}}
+        for name in ("EventMessage", "HookRequest", "HookReply", "HookManifest",
+                     "DecisionRequest", "DecisionReply", "ControlMessage")
+    }  # fmt: skip
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "HookBus",
+            "version": str(PROTOCOL_VERSION),
+            "description": (
+                "Lifecycle-hook events and decisions for AI agents over Redis. On streams each "
+                f"entry has one field `{DATA_FIELD}` holding the JSON message; messages are at "
+                f"most {MAX_MESSAGE_BYTES} bytes. See docs/protocol.md."
+            ),
+        },
+        "defaultContentType": "application/json",
+        "servers": {"redis": {"host": "localhost:6379", "protocol": "redis"}},
+        "channels": {
+            key: {
+                "address": address,
+                "description": text,
+                "messages": {m: ref(m) for m in messages},
+            }
+            for key, (address, text, messages) in channels.items()
+        },
+        "operations": {
+            op: {"action": action, "channel": {"$ref": f"#/channels/{channel}"}}
+            for op, (action, channel) in operations.items()
+        },
+        "components": {"messages": components},
+    }
+
+
+def render() -> dict[str, str]:
+    """Every generated file: relative path → text."""
+    files = {
+        name: json.dumps(s, indent=2, sort_keys=True) + "\n" for name, s in json_schemas().items()
+    }
+    files["asyncapi.json"] = json.dumps(asyncapi(), indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def export(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render().items():
+        path = directory / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def drift(directory: Path) -> list[str]:
+    """Files that differ from what the code generates (missing, changed or extra)."""
+    expected = render()
+    problems = []
+    for name, text in expected.items():
+        path = directory / name
+        if not path.exists():
+            problems.append(f"{name}: missing")
+        elif path.read_text() != text:
+            problems.append(f"{name}: differs from the code")
+    for path in directory.glob("*.json"):
+        if path.name not in expected:
+            problems.append(f"{path.name}: no longer generated")
+    return problems

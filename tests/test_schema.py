@@ -1,0 +1,44 @@
+"""The committed JSON Schema and AsyncAPI documents match the code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bus.schema import drift, render
+from tests.harness import ROOT
+
+SCHEMA_DIR = ROOT / "docs" / "schema"
+
+
+def test_committed_schema_matches_the_code() -> None:
+    assert drift(SCHEMA_DIR) == [], "run `hookbus schema export` and commit docs/schema/"
+
+
+def test_drift_is_detected(tmp_path: Path) -> None:
+    for name, text in render().items():
+        (tmp_path / name).write_text(text)
+    doc = json.loads((tmp_path / "HookRequest.json").read_text())
+    doc["$defs"]["HookRequest"]["properties"].pop("deadline")
+    (tmp_path / "HookRequest.json").write_text(json.dumps(doc))
+    (tmp_path / "Stale.json").write_text("{}")
+    assert sorted(drift(tmp_path)) == [
+        "HookRequest.json: differs from the code",
+        "Stale.json: no longer generated",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "bus.cli", "schema", "export", "--check", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1 and "schema drift" in out.stderr
+
+
+def test_asyncapi_names_every_channel_and_message() -> None:
+    doc = json.loads((SCHEMA_DIR / "asyncapi.json").read_text())
+    assert doc["asyncapi"] == "3.0.0"
+    addresses = {c["address"] for c in doc["channels"].values()}
+    assert {"hookbus:events", "hookbus:decisions", "hookbus:inbox:{owner}"} <= addresses
+    for op in doc["operations"].values():
+        assert op["channel"]["$ref"].removeprefix("#/channels/") in doc["channels"]
