@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-MODULES = ["bench.inprocess", "bench.sync_dispatch", "bench.async_throughput"]
+MODULES = ["bench.inprocess", "bench.sync_dispatch", "bench.async_throughput", "bench.tracing_cost"]
 
 
 def main(argv: list[str]) -> int:
