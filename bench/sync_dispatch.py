@@ -663,6 +663,7 @@ async def run(plan: Plan, url: str, children: Children, reference: bool) -> dict
         "event_loop": f"{type(loop).__module__}.{type(loop).__name__}",
         "redis_server": str(info.get("redis_version", "?")),
         "redis_py": redis_py.__version__,
+        "hiredis": _hiredis(),
         "warmup_calls": plan.warmup,
         "samples_per_point": plan.samples,
         "payload_bytes": payload_sizes(),
@@ -678,12 +679,23 @@ async def run(plan: Plan, url: str, children: Children, reference: bool) -> dict
     }
 
 
+def _hiredis() -> str | None:
+    """The hiredis version redis-py parses replies with, or None (pure-Python parser)."""
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if not HIREDIS_AVAILABLE:
+        return None
+    import hiredis
+
+    return str(getattr(hiredis, "__version__", "?"))
+
+
 def render(report: dict[str, Any]) -> str:
     lines = [
         f"sync dispatch over Redis: one agent, sequential PreToolUse calls, no-op hooks "
         f"(Python {report['python']}, redis-server {report['redis_server']}, redis-py "
-        f"{report['redis_py']}, {report['cpus']} CPUs, {report['samples_per_point']} samples "
-        f"per point{', QUICK' if report['quick'] else ''})",
+        f"{report['redis_py']}, hiredis {report['hiredis'] or 'no'}, {report['cpus']} CPUs, "
+        f"{report['samples_per_point']} samples per point{', QUICK' if report['quick'] else ''})",
     ]
     for name, topo in report["topologies"].items():
         lines += [
