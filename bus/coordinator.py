@@ -83,7 +83,7 @@ class Coordinator(EventRunner):
             self.redis, self.keys, settings.liveness_secs, self._endpoint
         )
         self.stats = {"malformed_replies": 0, "late_replies": 0, "publish_failures": 0}
-        self._waiting: dict[str, asyncio.Future[HookReply]] = {}
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
@@ -143,7 +143,12 @@ class Coordinator(EventRunner):
             candidates = sorted([*self._local[event], *candidates], key=lambda t: t.order)
         targets = select(event, candidates, session, name, args)
         return await run_targets(
-            event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential
+            event,
+            ctx,
+            targets,
+            self.settings.hook_timeout_secs,
+            sequential=sequential,
+            after_start=self._flush,
         )
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
@@ -209,12 +214,18 @@ class Coordinator(EventRunner):
     # -- the remote endpoint ------------------------------------------------------------------
 
     def _endpoint(self, hook: str) -> Endpoint:
-        async def call(event: HookEvent, ctx: HookContext, deadline: float) -> Any:
-            return await self._request(hook, event, ctx, deadline)
+        def call(event: HookEvent, ctx: HookContext, deadline: float) -> asyncio.Future[Any]:
+            return self._request(hook, event, ctx, deadline)
 
-        return call
+        return call  # a Future is awaitable: the dispatcher waits on it as is
 
-    async def _request(self, hook: str, event: HookEvent, ctx: HookContext, deadline: float) -> Any:
+    def _request(
+        self, hook: str, event: HookEvent, ctx: HookContext, deadline: float
+    ) -> asyncio.Future[Any]:
+        """Queue one request; the future resolves to the hook's action (or its failure).
+
+        No coroutine and no task per request: the inbox reader resolves the future directly.
+        """
         if not self.directory.live(hook):
             raise HookUnreachable(f"no live replica of hook {hook}")
         loop = asyncio.get_running_loop()
@@ -232,30 +243,37 @@ class Coordinator(EventRunner):
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        future: asyncio.Future[HookReply] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
-        try:
-            self._enqueue(
-                self.keys.requests(hook), encode(request), self.bus.requests_maxlen, request.id
-            )
-            reply = await future
-        finally:
-            self._waiting.pop(request.id, None)
-        if reply.status == "error":
-            raise HookCrashed(reply.error or "the hook failed")
-        return reply.action
+        future.add_done_callback(lambda _: self._waiting.pop(request.id, None))
+        self._enqueue(
+            self.keys.requests(hook), encode(request), self.bus.requests_maxlen, request.id, False
+        )
+        return future
 
     # -- batching: every command of one dispatch goes out in one round trip --------------------
 
-    def _enqueue(self, stream: str, payload: bytes, maxlen: int, request_id: str | None) -> None:
+    def _enqueue(
+        self,
+        stream: str,
+        payload: bytes,
+        maxlen: int,
+        request_id: str | None,
+        schedule: bool = True,
+    ) -> None:
+        """Queue one XADD. Requests are sent by the dispatch itself (``after_start``); an event
+        with nobody waiting on it is sent on the next turn of the loop."""
         self._outbox.append((stream, payload, maxlen, request_id))
-        if not self._flushing:
+        if schedule and not self._flushing:
             self._flushing = True
             # Runs after the dispatcher has started every hook of this event.
             asyncio.get_running_loop().call_soon(self._schedule_flush)
 
     def _schedule_flush(self) -> None:
-        self.spawn(self._flush())
+        if self._outbox:
+            self.spawn(self._flush())
+        else:
+            self._flushing = False
 
     async def _flush(self) -> None:
         async with self._flush_lock:
@@ -311,7 +329,10 @@ class Coordinator(EventRunner):
         if future is None or future.done():
             self.stats["late_replies"] += 1
             return
-        future.set_result(reply)
+        if reply.status == "error":
+            future.set_exception(HookCrashed(reply.error or "the hook failed"))
+        else:
+            future.set_result(reply.action)
 
     # -- keeping the directory fresh -----------------------------------------------------------
 

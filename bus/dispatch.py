@@ -76,7 +76,7 @@ def eager(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
     return False, _resume(coro, first)
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     # A hook abandoned at its timeout may still raise later; read it so asyncio does not log
     # "exception was never retrieved" for something the dispatch already recorded.
     if not task.cancelled():
@@ -92,23 +92,28 @@ def _failure(event: HookEvent, spec: HookSpec, exc: BaseException, elapsed: floa
 
 
 def _start(
-    event: HookEvent, ctx: HookContext, target: DispatchTarget, deadline: float
+    event: HookEvent,
+    ctx: HookContext,
+    target: DispatchTarget,
+    deadline: float,
+    loop: asyncio.AbstractEventLoop,
 ) -> tuple[bool, Any]:
-    """Run a hook's first step. Returns (True, outcome) if it finished, else (False, coro+yield)."""
+    """Start one hook: ``(True, outcome)`` if it answered at once, else ``(False, future)``."""
     t0 = time.perf_counter()
     try:
-        coro = target.endpoint(event, ctx, deadline)
-        if not isinstance(coro, types.CoroutineType):
-            if isinstance(coro, Awaitable):
-                coro = _await(coro)
-            else:
-                return True, check_answer(event, target.spec, coro, time.perf_counter() - t0)
-        first = coro.send(None)
-    except StopIteration as stop:
-        return True, check_answer(event, target.spec, stop.value, time.perf_counter() - t0)
+        started = target.endpoint(event, ctx, deadline)
+        if isinstance(started, asyncio.Future):  # a remote answer on its way: wait on it as is
+            return False, (started, t0)
+        if not isinstance(started, types.CoroutineType):
+            if not isinstance(started, Awaitable):
+                return True, check_answer(event, target.spec, started, time.perf_counter() - t0)
+            started = _await(started)
+        done, result = eager(started)
     except Exception as exc:  # a hook's crash is an outcome, not our crash
         return True, _failure(event, target.spec, exc, time.perf_counter() - t0)
-    return False, (coro, first, t0)
+    if done:
+        return True, check_answer(event, target.spec, result, time.perf_counter() - t0)
+    return False, (loop.create_task(result), t0)
 
 
 _Pending = tuple[int, float, float, float]  # index, deadline, start, timeout
@@ -125,33 +130,39 @@ async def run_targets(
     default_timeout: float,
     *,
     sequential: bool = False,
+    after_start: Callable[[], Awaitable[None]] | None = None,
 ) -> list[Outcome]:
     """Call every target, in parallel (or one at a time), each under its own timeout.
 
     Returns one outcome per target, in the order of ``targets``. Never raises for a hook's
     failure: timeouts, crashes and unreachable endpoints become failed outcomes.
+    ``after_start`` runs once the hooks are started and before waiting on them (a transport
+    sends every request of the dispatch there, in one round trip).
     """
     if not targets:
         return []
     loop = asyncio.get_running_loop()
     cap = deadline_cap.get()
     outcomes: list[Outcome | None] = [None] * len(targets)
-    pending: dict[asyncio.Task[Any], _Pending] = {}
+    pending: dict[asyncio.Future[Any], _Pending] = {}
     for i, target in enumerate(targets):
         timeout = target.spec.timeout or default_timeout
         deadline = loop.time() + timeout
         if cap is not None and cap < deadline:
             deadline, timeout = cap, max(0.0, cap - loop.time())
-        done, state = _start(event, ctx, target, deadline)
+        done, state = _start(event, ctx, target, deadline, loop)
         if done:
             outcomes[i] = state
             continue
-        coro, first, t0 = state
-        task = loop.create_task(_resume(coro, first))
-        pending[task] = (i, deadline, t0, timeout)
+        future, t0 = state
+        pending[future] = (i, deadline, t0, timeout)
         if sequential:
+            if after_start is not None:
+                await after_start()
             await _collect(event, targets, outcomes, pending, loop)
     if pending:
+        if after_start is not None:
+            await after_start()
         await _collect(event, targets, outcomes, pending, loop)
     return outcomes  # type: ignore[return-value]  # every slot is filled by now
 
@@ -160,15 +171,15 @@ async def _collect(
     event: HookEvent,
     targets: Sequence[DispatchTarget],
     outcomes: list[Outcome | None],
-    pending: dict[asyncio.Task[Any], _Pending],
+    pending: dict[asyncio.Future[Any], _Pending],
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     try:
         await _collect_until_done(event, targets, outcomes, pending, loop)
     except BaseException:
-        for task in pending:  # the dispatch itself was cancelled: do not leave hooks running
-            task.cancel()
-            task.add_done_callback(_retrieve)
+        for future in pending:  # the dispatch itself was cancelled: do not leave hooks running
+            future.cancel()
+            future.add_done_callback(_retrieve)
         raise
 
 
@@ -176,34 +187,60 @@ async def _collect_until_done(
     event: HookEvent,
     targets: Sequence[DispatchTarget],
     outcomes: list[Outcome | None],
-    pending: dict[asyncio.Task[Any], _Pending],
+    pending: dict[asyncio.Future[Any], _Pending],
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    while pending:
-        nearest = min(p[1] for p in pending.values())
-        done, _ = await asyncio.wait(
-            pending, timeout=max(0.0, nearest - loop.time()), return_when=asyncio.FIRST_COMPLETED
-        )
-        for task in done:
-            i, _, t0, _ = pending.pop(task)
-            elapsed = time.perf_counter() - t0
-            spec = targets[i].spec
-            if task.cancelled():
-                outcomes[i] = Outcome(spec, None, "error", "cancelled", elapsed)
-            elif (exc := task.exception()) is not None:
-                outcomes[i] = _failure(event, spec, exc, elapsed)
-            else:
-                outcomes[i] = check_answer(event, spec, task.result(), elapsed)
-        now = loop.time()
-        for task, (i, deadline, t0, timeout) in list(pending.items()):
-            if deadline <= now:
-                del pending[task]
-                task.cancel()
-                task.add_done_callback(_retrieve)
-                outcomes[i] = Outcome(
-                    targets[i].spec,
-                    None,
-                    "timeout",
-                    f"no answer within {timeout:g}s",
-                    time.perf_counter() - t0,
-                )
+    """Wait until every pending hook answered or passed its deadline.
+
+    One waiter, woken by the first of: any answer, or the nearest deadline. (``asyncio.wait``
+    would rebuild its waiter and callbacks for every answer.)
+    """
+    finished: dict[asyncio.Future[Any], float] = {}
+    waiter: asyncio.Future[None] | None = None
+
+    def wake(_: object = None) -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def on_done(future: asyncio.Future[Any]) -> None:
+        finished[future] = time.perf_counter()
+        wake()
+
+    for future in pending:
+        future.add_done_callback(on_done)
+    try:
+        while pending:
+            if not finished:
+                waiter = loop.create_future()
+                timer = loop.call_at(min(p[1] for p in pending.values()), wake)
+                try:
+                    await waiter
+                finally:
+                    timer.cancel()
+            for future in [f for f in pending if f in finished]:
+                i, _, t0, _ = pending.pop(future)
+                elapsed = finished.pop(future) - t0
+                spec = targets[i].spec
+                if future.cancelled():
+                    outcomes[i] = Outcome(spec, None, "error", "cancelled", elapsed)
+                elif (exc := future.exception()) is not None:
+                    outcomes[i] = _failure(event, spec, exc, elapsed)
+                else:
+                    outcomes[i] = check_answer(event, spec, future.result(), elapsed)
+            now = loop.time()
+            for future, (i, deadline, t0, timeout) in list(pending.items()):
+                if deadline <= now:
+                    del pending[future]
+                    future.remove_done_callback(on_done)
+                    future.cancel()
+                    future.add_done_callback(_retrieve)
+                    outcomes[i] = Outcome(
+                        targets[i].spec,
+                        None,
+                        "timeout",
+                        f"no answer within {timeout:g}s",
+                        time.perf_counter() - t0,
+                    )
+    finally:
+        for future in pending:
+            future.remove_done_callback(on_done)

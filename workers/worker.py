@@ -31,6 +31,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
+from bus.dispatch import eager
 from bus.errors import ConfigError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, AsyncAgentHook, spec_of
@@ -284,7 +285,9 @@ class HookWorker:
         """(status, action, error) of one hook call, or None if it ran out of time."""
         try:
             method = getattr(self.hook, SYNC_METHODS[request.event])
-            answer = await asyncio.wait_for(method(ctx), remaining)
+            done, answer = eager(method(ctx))  # most hooks answer without awaiting anything
+            if not done:
+                answer = await asyncio.wait_for(answer, remaining)
             allowed = ALLOWED_ACTIONS.get(request.event)
             if allowed is not None and answer is not None and not isinstance(answer, allowed):
                 raise TypeError(f"answered {type(answer).__name__} to {request.event}")
