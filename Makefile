@@ -22,13 +22,23 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check bus workers agent_adapter tests bench
 	$(BIN)/mypy bus
 
-test: lint redis-check
+test: lint redis-check node-deps
 	$(BIN)/pytest
 
 # Tests that claim Redis behaviour need a real server: say so plainly instead of a traceback.
 redis-check:
 	@command -v redis-server >/dev/null 2>&1 || [ -n "$$REDIS_URL" ] || docker info >/dev/null 2>&1 || \
 	  { echo "make test needs a redis-server binary on PATH (Debian: apt install redis-server), REDIS_URL, or a Docker engine"; exit 1; }
+
+# The Node.js example client's npm packages (tests/test_foreign_clients.py runs the client):
+# installed when node_modules is missing or package-lock.json is newer.
+.PHONY: node-deps
+node-deps: examples/node/node_modules/.package-lock.json
+
+examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for examples/node)"; exit 1; }
+	npm ci --prefix examples/node --no-audit --no-fund
+	@touch $@
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -57,6 +59,40 @@ async def read_group(
     for _, batch in response or ():
         entries.extend(cast(list[Entry], batch))
     return entries
+
+
+async def consume(
+    redis: Redis,
+    stream: str,
+    group: str,
+    consumer: str,
+    *,
+    count: int,
+    stop: asyncio.Event,
+    handle: Callable[[list[Entry]], Awaitable[None]],
+    recreate: Callable[[], Awaitable[None]],
+) -> None:
+    """Read a consumer group until ``stop``: new entries go to ``handle``; a lost group is
+    recreated; while Redis is unreachable the loop backs off and retries (it never dies)."""
+    backoff = 0.1
+    while not stop.is_set():
+        try:
+            entries = await read_group(redis, group, consumer, stream, count=count, block_ms=200)
+            backoff = 0.1
+        except ResponseError as exc:
+            if group_lost(exc):
+                log.warning("%s or its group %s vanished; recreating it", stream, group)
+                await recreate()
+            else:
+                log.error("Redis refused a read of %s (%s); retrying", stream, exc)
+                await asyncio.sleep(backoff)
+            continue
+        except UNREACHABLE as exc:
+            log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+            continue
+        await handle(entries)
 
 
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:

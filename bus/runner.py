@@ -57,6 +57,23 @@ log = logging.getLogger("hookbus.dispatch")
 DispatchObserver = Callable[[HookEvent, HookContext, Sequence[Outcome], float], None]
 
 
+#: The ``run_*`` method of each event.
+RUN_METHODS: dict[HookEvent, str] = {
+    HookEvent.ON_SESSION_START: "run_on_session_start",
+    HookEvent.PRE_TOOL_USE: "run_pre_tool_use",
+    HookEvent.POST_TOOL_USE: "run_post_tool_use",
+    HookEvent.POST_TOOL_USE_FAILURE: "run_on_post_tool_use_failure",
+    HookEvent.ON_STEP_COMPLETE: "run_on_step_complete",
+    HookEvent.ON_SESSION_STOP: "run_on_session_stop",
+    HookEvent.ON_SUBAGENT_START: "run_on_subagent_start",
+    HookEvent.ON_SUBAGENT_STOP: "run_on_subagent_stop",
+    HookEvent.ON_PRE_COMPACT: "run_on_pre_compact",
+    HookEvent.ON_POST_COMPACT: "run_on_post_compact",
+    HookEvent.PERMISSION_REQUEST: "run_on_permission_request",
+    HookEvent.PERMISSION_DENIED: "run_on_permission_denied",
+}
+
+
 def check_context(event: HookEvent, ctx: object) -> None:
     """Raise ContextTypeError unless ``ctx`` is the context type of ``event``."""
     expected = CONTEXT_TYPES[event]
@@ -136,6 +153,11 @@ class EventRunner(abc.ABC):
         if result.skipped:
             self._report(result.skipped)
         return result
+
+    async def run(self, event: HookEvent | str, ctx: HookContext) -> Any:
+        """Dispatch ``ctx`` as ``event`` through its ``run_*`` method (for generic callers)."""
+        method = getattr(self, RUN_METHODS[HookEvent.parse(event)])
+        return await method(ctx)
 
     # -- the specification's API ---------------------------------------------------------------
 

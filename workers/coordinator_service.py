@@ -16,13 +16,12 @@ from typing import Any
 
 import msgspec
 from opentelemetry import context as otel_context
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from bus import telemetry
 from bus.coordinator import Coordinator
 from bus.dispatch import deadline_cap
 from bus.errors import InvalidInputError, ProtocolError
-from bus.events import HookEvent
 from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
     DATA_FIELD,
@@ -34,27 +33,12 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import dead_letter, ensure_group, group_lost, read_group
+from bus.redis_io import Entry, consume, dead_letter, ensure_group
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
-
-_RUN = {
-    HookEvent.ON_SESSION_START: "run_on_session_start",
-    HookEvent.PRE_TOOL_USE: "run_pre_tool_use",
-    HookEvent.POST_TOOL_USE: "run_post_tool_use",
-    HookEvent.POST_TOOL_USE_FAILURE: "run_on_post_tool_use_failure",
-    HookEvent.ON_STEP_COMPLETE: "run_on_step_complete",
-    HookEvent.ON_SESSION_STOP: "run_on_session_stop",
-    HookEvent.ON_SUBAGENT_START: "run_on_subagent_start",
-    HookEvent.ON_SUBAGENT_STOP: "run_on_subagent_stop",
-    HookEvent.ON_PRE_COMPACT: "run_on_pre_compact",
-    HookEvent.ON_POST_COMPACT: "run_on_post_compact",
-    HookEvent.PERMISSION_REQUEST: "run_on_permission_request",
-    HookEvent.PERMISSION_DENIED: "run_on_permission_denied",
-}
 
 
 class _ReplyTo(msgspec.Struct):
@@ -94,35 +78,22 @@ class CoordinatorService:
         await ensure_group(self.redis, self.keys.decisions, COORDINATORS_GROUP, start="0")
 
     async def _loop(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
-        while not stop.is_set():
-            try:
-                entries = await read_group(
-                    self.redis,
-                    COORDINATORS_GROUP,
-                    self.coordinator.id,
-                    self.keys.decisions,
-                    count=64,
-                    block_ms=200,
-                )
-                backoff = 0.1
-            except ResponseError as exc:
-                if group_lost(exc):
-                    log.warning("decision stream or group vanished; recreating it")
-                    await self._ensure_group()
-                else:
-                    log.error("Redis refused a read (%s); retrying", exc)
-                    await asyncio.sleep(backoff)
-                continue
-            except (RedisError, OSError) as exc:
-                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
+        async def answer_all(entries: list[Entry]) -> None:
             for entry_id, fields in entries:
                 task = asyncio.create_task(self._answer(entry_id, fields))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+
+        await consume(
+            self.redis,
+            self.keys.decisions,
+            COORDINATORS_GROUP,
+            self.coordinator.id,
+            count=64,
+            stop=stop,
+            handle=answer_all,
+            recreate=self._ensure_group,
+        )
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
@@ -149,9 +120,7 @@ class CoordinatorService:
         if request.traceparent:  # the agent's trace continues through this dispatch
             otel_context.attach(telemetry.context_from(request.traceparent, request.tracestate))
         try:
-            result = await asyncio.wait_for(
-                getattr(self.coordinator, _RUN[request.event])(ctx), timeout
-            )
+            result = await asyncio.wait_for(self.coordinator.run(request.event, ctx), timeout)
             reply = DecisionReply(
                 id=new_id(), ts=now_ms(), request_id=request.id, event=request.event, result=result
             )

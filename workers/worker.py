@@ -48,7 +48,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import connect, dead_letter, ensure_group, group_lost, read_group
+from bus.redis_io import Entry, connect, consume, dead_letter, ensure_group
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
@@ -183,28 +183,20 @@ class HookWorker:
                 backoff = min(backoff * 2, 2.0)
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
-        while not stop.is_set():
-            try:
-                entries = await read_group(
-                    self.redis, WORKERS_GROUP, self.replica, self.stream, count=32, block_ms=200
-                )
-                backoff = 0.1
-            except ResponseError as exc:
-                if group_lost(exc):
-                    log.warning("request stream or group vanished; recreating it")
-                    await self._retry(self._ensure_group, stop)
-                else:
-                    log.error("Redis refused a read (%s); retrying", exc)
-                    await asyncio.sleep(backoff)
-                continue
-            except (RedisError, OSError) as exc:
-                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
+        async def start_all(entries: list[Entry]) -> None:
             for entry_id, fields in entries:
                 await self._start(entry_id, fields)
+
+        await consume(
+            self.redis,
+            self.stream,
+            WORKERS_GROUP,
+            self.replica,
+            count=32,
+            stop=stop,
+            handle=start_all,
+            recreate=lambda: self._retry(self._ensure_group, stop),
+        )
 
     async def _start(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
         if entry_id in self._in_flight:
