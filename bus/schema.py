@@ -12,6 +12,13 @@ from typing import Any
 
 import msgspec
 
+from bus.actions import (
+    HookAction,
+    NotifyResult,
+    PermissionRequestResult,
+    PostToolUseResult,
+    PreToolUseResult,
+)
 from bus.events import CONTEXT_TYPES
 from bus.protocol import (
     DATA_FIELD,
@@ -35,6 +42,11 @@ MESSAGES: dict[str, type] = {
     "DecisionReply": DecisionReply,
     "ControlMessage": ControlMessage,
     **{kind.__name__: kind for kind in CONTEXT_TYPES.values()},
+    # DecisionReply.result, by event: PreToolUse, PostToolUse(Failure), PermissionRequest, others
+    "PreToolUseResult": PreToolUseResult,
+    "PostToolUseResult": PostToolUseResult,
+    "PermissionRequestResult": PermissionRequestResult,
+    "NotifyResult": NotifyResult,
 }
 
 
@@ -46,8 +58,13 @@ def _schema(kind: type) -> dict[str, Any]:
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
-    """File name → JSON Schema, one per message and per event context."""
-    return {f"{name}.json": _schema(kind) for name, kind in MESSAGES.items()}
+    """File name → JSON Schema, one per message, event context and result, plus the actions."""
+    schemas = {f"{name}.json": _schema(kind) for name, kind in MESSAGES.items()}
+    actions: dict[str, Any] = msgspec.json.schema(HookAction)
+    actions["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    actions["$id"] = f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/HookAction.json"
+    schemas["HookAction.json"] = actions
+    return schemas
 
 
 def asyncapi() -> dict[str, Any]:
