@@ -49,9 +49,9 @@ async def ensure_group(redis: Redis, stream: str, group: str, start: str = "$") 
 
 
 async def read_group(
-    redis: Redis, group: str, consumer: str, stream: str, *, count: int, block_ms: int
+    redis: Redis, group: str, consumer: str, stream: str, *, count: int, block_ms: int | None
 ) -> list[Entry]:
-    """New entries for ``consumer`` (XREADGROUP … >), or [] after ``block_ms``."""
+    """New entries for ``consumer`` (XREADGROUP … >), or [] after ``block_ms`` (None: at once)."""
     response: Any = await redis.xreadgroup(
         group, consumer, {stream: ">"}, count=count, block=block_ms
     )

@@ -49,7 +49,15 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, ensure_group, group_lost
+from bus.redis_io import (
+    UNREACHABLE,
+    Entry,
+    connect,
+    dead_letter_entry,
+    ensure_group,
+    group_lost,
+    read_group,
+)
 from bus.retention import group_backlogs, trim_events
 from bus.settings import BusSettings, HookSettings
 
@@ -98,6 +106,7 @@ class AsyncHookWorker:
         self._busy = asyncio.Lock()  # one batch at a time: the read loop or the claimer
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
+        self._next_replay_check = 0.0
         if telemetry.enabled():
             telemetry.meter.create_observable_gauge(
                 "hookbus.consumer.lag",
@@ -179,18 +188,23 @@ class AsyncHookWorker:
                     await self.process(stream, entries)
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
-        response: Any = await self.redis.xreadgroup(
-            self.group,
-            self.replica,
-            dict.fromkeys(self.streams, ">"),
-            count=self.batch_size,
-            block=200,
+        """The next batch: re-fed entries first (checked twice a second), else new events.
+
+        One stream per command, so that the two keys may live on different cluster slots.
+        """
+        events, replay = self.streams
+        if time.monotonic() >= self._next_replay_check:
+            self._next_replay_check = time.monotonic() + 0.5
+            refed = await read_group(
+                self.redis, self.group, self.replica, replay, count=self.batch_size, block_ms=None
+            )
+            if refed:
+                self._next_replay_check = 0.0  # drain the replay stream before going on
+                return [(replay, refed)]
+        entries = await read_group(
+            self.redis, self.group, self.replica, events, count=self.batch_size, block_ms=200
         )
-        out: list[tuple[str, list[Entry]]] = []
-        for stream, entries in response or ():
-            name = stream.decode() if isinstance(stream, bytes) else stream
-            out.append((name, cast(list[Entry], entries)))
-        return out
+        return [(events, entries)] if entries else []
 
     # -- one batch -----------------------------------------------------------------------------
 
