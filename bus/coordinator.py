@@ -317,6 +317,10 @@ class Coordinator(EventRunner):
             if popped:
                 for data in cast(list[bytes], popped[1]):
                     self._deliver(data)
+                # Let the dispatches waiting on these replies run (future callback, then their
+                # task) before this reader spends time re-arming its blocking read.
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
 
     def _deliver(self, data: bytes) -> None:
         try:

@@ -108,7 +108,7 @@ class HookWorker:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
         self.redis = connect(settings)
         self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0}
-        self._in_flight: dict[bytes, asyncio.Task[None]] = {}
+        self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
@@ -155,8 +155,8 @@ class HookWorker:
         try:
             await self._read_loop(stop)
         finally:
-            if self._in_flight:
-                await asyncio.wait(list(self._in_flight.values()), timeout=30)
+            if tasks := [t for t in self._in_flight.values() if t is not None]:
+                await asyncio.wait(tasks, timeout=30)
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             try:
@@ -202,7 +202,17 @@ class HookWorker:
         if entry_id in self._in_flight:
             return
         await self._slots.acquire()
-        task = asyncio.create_task(self._handle(entry_id, fields))
+        self._in_flight[entry_id] = None
+        # Eagerly: the reply is on the wire before this replica re-arms its blocking read.
+        try:
+            done, rest = eager(self._handle(entry_id, fields))
+        except Exception:
+            log.exception("request %s could not be handled", entry_id.decode())
+            done = True
+        if done:
+            self._finished(entry_id)
+            return
+        task = asyncio.create_task(rest)
         self._in_flight[entry_id] = task
         task.add_done_callback(lambda _: self._finished(entry_id))
 
