@@ -44,6 +44,7 @@ from bus import (
     PreToolUseContext,
     TaggedContext,
 )
+from bus.actions import ShadowedAnswer
 
 log = logging.getLogger("hookbus.executor")
 tracer = trace.get_tracer("hookbus.executor")
@@ -79,6 +80,7 @@ class ToolExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
     post_permission_requests: list[tuple[str, str]]
     denials: list[Denial]
     metadata: list[dict[str, Any]]
+    shadowed: list[ShadowedAnswer] = msgspec.field(default_factory=list)  # warn/dryrun answers
 
 
 class _Call(msgspec.Struct, kw_only=True):
@@ -89,6 +91,7 @@ class _Call(msgspec.Struct, kw_only=True):
     requests: list[tuple[str, str]] = msgspec.field(default_factory=list)
     denial: Denial | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    shadowed: list[ShadowedAnswer] = msgspec.field(default_factory=list)
 
 
 class ToolExecutor:
@@ -140,6 +143,7 @@ class ToolExecutor:
             post_permission_requests=[r for d in done for r in d.requests],
             denials=[d.denial for d in done if d.denial is not None],
             metadata=[d.metadata for d in done],
+            shadowed=[a for d in done for a in d.shadowed],
         )
 
     async def _one(
@@ -178,6 +182,7 @@ class ToolExecutor:
         args = pre.final_args
         out.contexts.extend(pre.tagged_contexts)
         out.blocks.extend(pre.blocking_errors)
+        out.shadowed.extend(pre.shadowed)
 
         precedence = resolve_permission_precedence(
             PrecedenceInputs(
@@ -202,6 +207,7 @@ class ToolExecutor:
             )
         )
         out.contexts.extend(request.tagged_contexts)
+        out.shadowed.extend(request.shadowed)
         final = apply_permission_request(precedence, request)
         if final.ignored_override:
             log.warning("%s: %s", tool.name, final.ignored_override)
@@ -243,6 +249,7 @@ class ToolExecutor:
         out.warnings.extend(post.warnings)
         out.requests.extend(post.post_permission_requests)
         out.metadata.update(post.metadata)
+        out.shadowed.extend(post.shadowed)
         if is_error:
             content = await self._failure(
                 out, session_id, tool.name, args, content, step, agent_name, elapsed_ms

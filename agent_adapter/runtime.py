@@ -36,6 +36,7 @@ from bus import (
     TurnTerminal,
     render_system_reminder,
 )
+from bus.actions import ShadowedAnswer
 from bus.telemetry import instrument
 from workers.builtins import MetricsData
 
@@ -56,6 +57,7 @@ class TurnResult(msgspec.Struct, kw_only=True):
     denials: list[Denial]
     blocking_errors: list[BlockingError]
     warnings: list[str]
+    shadowed: list[ShadowedAnswer] = msgspec.field(default_factory=list)  # warn/dryrun answers
 
 
 def estimate_tokens(messages: list[ChatMessage]) -> int:
@@ -215,6 +217,9 @@ class AgentRuntime:
         turn.denials.extend(executed.denials)
         turn.blocking_errors.extend(executed.blocking_errors)
         turn.warnings.extend(executed.warnings)
+        turn.shadowed.extend(executed.shadowed)
+        for answer in executed.shadowed:
+            log.info("%s (%s) %s", answer.hook_name, answer.mode, answer.detail)
         tokens = estimate_tokens(messages)
         await self.hooks.run_on_step_complete(
             StepCompleteContext(

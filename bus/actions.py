@@ -120,6 +120,16 @@ class SkippedHook(msgspec.Struct, frozen=True):
     enforced: bool = False  # True when failure_policy="fail" turned it into Block/Deny
 
 
+class ShadowedAnswer(msgspec.Struct, frozen=True):
+    """An answer a hook in ``warn`` or ``dryrun`` mode gave that was not applied as given."""
+
+    hook_name: str
+    event: HookEvent
+    mode: str  # "warn" | "dryrun"
+    action: str  # the answer's wire tag, or "failure"
+    detail: str  # "would have blocked: …"
+
+
 class PreToolUseResult(msgspec.Struct, frozen=True, kw_only=True):
     """The aggregated answer of every PreToolUse hook."""
 
@@ -129,6 +139,7 @@ class PreToolUseResult(msgspec.Struct, frozen=True, kw_only=True):
     blocking_errors: tuple[BlockingError, ...] = ()
     tagged_contexts: tuple[TaggedContext, ...] = ()
     skipped: tuple[SkippedHook, ...] = ()
+    shadowed: tuple[ShadowedAnswer, ...] = ()
 
     @property
     def additional_context(self) -> str | None:
@@ -150,6 +161,7 @@ class PostToolUseResult(msgspec.Struct, frozen=True, kw_only=True):
     post_permission_requests: tuple[tuple[str, str], ...] = ()
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     skipped: tuple[SkippedHook, ...] = ()
+    shadowed: tuple[ShadowedAnswer, ...] = ()
 
 
 class PermissionRequestResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,6 +175,7 @@ class PermissionRequestResult(msgspec.Struct, frozen=True, kw_only=True):
     additional_contexts: tuple[str, ...] = ()
     tagged_contexts: tuple[TaggedContext, ...] = ()
     skipped: tuple[SkippedHook, ...] = ()
+    shadowed: tuple[ShadowedAnswer, ...] = ()
 
 
 class NotifyResult(msgspec.Struct, frozen=True, kw_only=True):

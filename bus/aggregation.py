@@ -40,6 +40,7 @@ from bus.actions import (
     PermissionRequired,
     PostToolUseResult,
     PreToolUseResult,
+    ShadowedAnswer,
     SkippedHook,
     TaggedContext,
     Warn,
@@ -80,6 +81,9 @@ def check_answer(event: HookEvent, spec: HookSpec, answer: Any, elapsed: float) 
     )
 
 
+_ENFORCING = (HookEvent.PRE_TOOL_USE, HookEvent.PERMISSION_REQUEST)
+
+
 def _why(o: Outcome) -> str:
     what = {"timeout": "timed out", "error": "failed", "unreachable": "is unreachable"}
     return f"hook {o.spec.name} {what[o.failure or 'error']}: {o.detail}"
@@ -101,6 +105,77 @@ def skipped_of(event: HookEvent, outcomes: Sequence[Outcome]) -> tuple[SkippedHo
     )
 
 
+_WOULD = {
+    "Block": "would have blocked",
+    "MutateInput": "would have changed the input",
+    "MutateOutput": "would have changed the output",
+    "PermissionRequired": "would have asked for permission",
+    "Warning": "would have warned",
+    "Metadata": "would have added metadata",
+    "Override": "would have overridden the permission decision",
+    "InjectContext": "would have added context",
+}
+
+
+def _tag_of(action: Any) -> str:
+    return str(type(action).__struct_config__.tag)
+
+
+def would_do(event: HookEvent, o: Outcome) -> tuple[str, str] | None:
+    """What an answer would have done (its tag and a sentence), or None if nothing."""
+    if o.failure is not None:
+        if o.spec.failure_policy == "fail" and event in _ENFORCING:
+            verb = "blocked" if event == HookEvent.PRE_TOOL_USE else "denied"
+            return "failure", f"would have {verb}: {_why(o)} (failure_policy=fail)"
+        return None
+    a = o.action
+    if a is None or isinstance(a, Continue):
+        return None
+    tag = _tag_of(a)
+    detail = _WOULD.get(tag, f"would have answered {tag}")
+    if isinstance(a, Block):
+        detail += f": {a.reason}"
+    elif isinstance(a, Override):
+        detail += f" to {a.decision.value}" + (f": {a.reason}" if a.reason else "")
+    return tag, detail
+
+
+def _softened(event: HookEvent, o: Outcome) -> bool:
+    """In ``warn`` mode only a Block, a Deny, or a failure that would enforce one, is softened."""
+    if o.failure is not None:
+        return o.spec.failure_policy == "fail" and event in _ENFORCING
+    a = o.action
+    return isinstance(a, Block) or (
+        isinstance(a, Override) and a.decision == PermissionDecision.DENY
+    )
+
+
+def apply_modes(
+    event: HookEvent, outcomes: Sequence[Outcome], now: dt.datetime
+) -> tuple[list[Outcome], tuple[ShadowedAnswer, ...], list[TaggedContext]]:
+    """Outcomes as the hooks' enforcement modes let them count, what was held back, and the
+    warnings ``warn`` mode injects for the agent."""
+    if all(o.spec.mode == "enforce" for o in outcomes):
+        return list(outcomes), (), []
+    effective: list[Outcome] = []
+    shadowed: list[ShadowedAnswer] = []
+    warnings: list[TaggedContext] = []
+    for o in outcomes:
+        mode = o.spec.mode
+        would = would_do(event, o) if mode != "enforce" else None
+        if would is None or (mode == "warn" and not _softened(event, o)):
+            effective.append(o)
+            continue
+        tag, detail = would
+        shadowed.append(ShadowedAnswer(o.spec.name, event, mode, tag, detail))
+        if mode == "warn":
+            warnings.append(_tag(o.spec.name, event, f"Warning: this hook {detail}", now))
+        # Still listed in skipped if it failed, but never enforced: it is not enforcing yet.
+        lenient = msgspec.structs.replace(o.spec, failure_policy="ignore")
+        effective.append(msgspec.structs.replace(o, spec=lenient, action=None))
+    return effective, tuple(shadowed), warnings
+
+
 def _all_continue(outcomes: Sequence[Outcome]) -> bool:
     """The common case: every hook answered Continue (or nothing) — nothing to aggregate."""
     return all(
@@ -119,12 +194,12 @@ def aggregate_pre_tool_use(
     if _all_continue(outcomes):
         return PreToolUseResult(action=CONTINUE, final_args=tool_args)
     event = HookEvent.PRE_TOOL_USE
+    outcomes, shadowed, tagged = apply_modes(event, outcomes, now)
     args = tool_args
     mutated = False
     permission: PermissionRequired | None = None
     blocks: list[BlockingError] = []
     contexts: list[str] = []
-    tagged: list[TaggedContext] = []
     for o in outcomes:
         name, a = o.spec.name, o.action
         if o.failure is not None:
@@ -155,6 +230,7 @@ def aggregate_pre_tool_use(
         blocking_errors=tuple(blocks),
         tagged_contexts=tuple(tagged),
         skipped=skipped_of(event, outcomes),
+        shadowed=shadowed,
     )
 
 
@@ -173,9 +249,9 @@ def aggregate_post_tool_use(
     """Aggregate PostToolUse or PostToolUseFailure answers given in hook order."""
     if _all_continue(outcomes):
         return PostToolUseResult(final_content=content)
+    outcomes, shadowed, tagged = apply_modes(event, outcomes, now)
     warnings: list[str] = []
     contexts: list[str] = []
-    tagged: list[TaggedContext] = []
     requests: list[tuple[str, str]] = []
     metadata: dict[str, Any] = {}
     cut = False
@@ -204,6 +280,7 @@ def aggregate_post_tool_use(
         post_permission_requests=tuple(requests),
         metadata=metadata,
         skipped=skipped_of(event, outcomes),
+        shadowed=shadowed,
     )
 
 
@@ -216,12 +293,12 @@ def aggregate_permission_request(
     check the call never lets it through.
     """
     event = HookEvent.PERMISSION_REQUEST
+    outcomes, shadowed, tagged = apply_modes(event, outcomes, now)
     winner: Override | None = None
     winner_name: str | None = None
     forced: Override | None = None
     forced_name: str | None = None
     contexts: list[str] = []
-    tagged: list[TaggedContext] = []
     for o in outcomes:
         name, a = o.spec.name, o.action
         if o.failure is not None:
@@ -243,6 +320,7 @@ def aggregate_permission_request(
         additional_contexts=tuple(contexts),
         tagged_contexts=tuple(tagged),
         skipped=skipped_of(event, outcomes),
+        shadowed=shadowed,
     )
 
 

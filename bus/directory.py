@@ -11,12 +11,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 from redis.asyncio import Redis
 
 from bus.dispatch import Endpoint
 from bus.errors import InvalidInputError
 from bus.events import HookEvent
-from bus.hooks import HookSpec
+from bus.hooks import MODES, HookSpec
 from bus.keys import Keys
 from bus.protocol import HookManifest, decode, now_ms
 
@@ -60,6 +61,8 @@ class HookDirectory:
     async def refresh(self) -> None:
         """Re-read every manifest and count live replicas (two round trips)."""
         raw = await self._redis.hgetall(self._keys.hooks)
+        overrides = await self._redis.hgetall(self._keys.modes)
+        modes = {_text(k): _text(v) for k, v in overrides.items()}
         manifests: list[HookManifest] = []
         for name, data in raw.items():
             try:
@@ -67,6 +70,9 @@ class HookDirectory:
                 if manifest.name != _text(name):
                     raise InvalidInputError(f"manifest under {name!r} names {manifest.name!r}")
                 manifest.spec()  # validates its patterns
+                mode = modes.get(manifest.name)
+                if mode in MODES and mode != manifest.mode:
+                    manifest = msgspec.structs.replace(manifest, mode=mode)
             except InvalidInputError as exc:
                 self.malformed += 1
                 log.warning("ignoring malformed manifest for hook %r: %s", name, exc)

@@ -46,6 +46,10 @@ from bus.events import (
 from bus.matcher import MATCH_ALL, ToolMatchFilter
 
 FailurePolicy = Literal["ignore", "fail"]
+#: How a hook's answers are applied: ``enforce`` (as given), ``warn`` (a Block or Deny becomes
+#: a warning for the agent), ``dryrun`` (recorded as "would have …", never applied).
+EnforcementMode = Literal["enforce", "warn", "dryrun"]
+MODES: tuple[EnforcementMode, ...] = ("enforce", "warn", "dryrun")
 
 #: The AgentHook method each event calls.
 SYNC_METHODS: dict[HookEvent, str] = {
@@ -92,6 +96,7 @@ class HookSpec(msgspec.Struct, frozen=True, kw_only=True):
     match_filter: ToolMatchFilter = MATCH_ALL
     priority: int = 0
     failure_policy: FailurePolicy = "ignore"
+    mode: EnforcementMode = "enforce"
 
     def subscribes(self, event: HookEvent) -> bool:
         return not self.events or event in self.events
@@ -115,6 +120,8 @@ class AgentHook(_HookBase):
     match_filter: ClassVar[ToolMatchFilter] = MATCH_ALL
     priority: ClassVar[int] = 0
     failure_policy: ClassVar[FailurePolicy] = "ignore"
+    #: Roll a new policy out safely: "dryrun" records, "warn" warns, "enforce" applies.
+    enforcement: ClassVar[EnforcementMode] = "enforce"
 
     async def on_session_start(self, ctx: SessionStartContext) -> None:
         return None
@@ -221,6 +228,11 @@ def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
     policy = getattr(hook, "failure_policy", "ignore")
     if policy not in ("ignore", "fail"):
         raise ConfigError(f"hook {name}: failure_policy must be 'ignore' or 'fail', not {policy!r}")
+    mode = getattr(hook, "enforcement", "enforce")
+    if mode not in MODES:
+        raise ConfigError(
+            f"hook {name}: enforcement must be one of {', '.join(MODES)}, not {mode!r}"
+        )
     match_filter = getattr(hook, "match_filter", MATCH_ALL)
     if not isinstance(match_filter, ToolMatchFilter):
         raise ConfigError(f"hook {name}: match_filter must be a ToolMatchFilter")
@@ -234,4 +246,5 @@ def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
         match_filter=match_filter,
         priority=priority,
         failure_policy=cast(FailurePolicy, policy),
+        mode=cast(EnforcementMode, mode),
     )

@@ -8,6 +8,7 @@ key                                       type    holds
 ========================================  ======  =================================================
 ``{p}:events``                            stream  every lifecycle event (bounded, see protocol.md)
 ``{p}:hooks``                             hash    hook name → manifest (JSON)
+``{p}:modes``                             hash    hook name → enforcement mode set by an operator
 ``{p}:hook:{name}:requests``              stream  requests for one sync hook; group ``workers``
 ``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (epoch ms)
 ``{p}:inbox:{id}``                        list    replies for one coordinator or one client
@@ -46,12 +47,13 @@ def check_name(kind: str, value: str) -> str:
 class Keys:
     """Key names under one prefix."""
 
-    __slots__ = ("control", "decisions", "dlq", "events", "hooks", "prefix")
+    __slots__ = ("control", "decisions", "dlq", "events", "hooks", "modes", "prefix")
 
     def __init__(self, prefix: str = "hookbus") -> None:
         self.prefix = check_name("key prefix", prefix)
         self.events = f"{prefix}:events"
         self.hooks = f"{prefix}:hooks"
+        self.modes = f"{prefix}:modes"
         self.decisions = f"{prefix}:decisions"
         self.control = f"{prefix}:control"
         self.dlq = f"{prefix}:dlq"

@@ -20,7 +20,7 @@ import msgspec
 from bus.actions import HookAction
 from bus.errors import ProtocolError
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
-from bus.hooks import FailurePolicy, HookSpec
+from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
 from bus.matcher import ToolMatchFilter
 
 PROTOCOL_VERSION = 1
@@ -88,6 +88,8 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
     registered_at: int = 0  # epoch ms of first registration: the tie-break of hook order
     # "session": called only for sessions that attach it by name, never globally.
     scope: Literal["global", "session"] = "global"
+    # enforce | warn | dryrun; an operator's `hookbus hooks mode` ({p}:modes) overrides it.
+    mode: EnforcementMode = "enforce"
 
     def spec(self) -> HookSpec:
         """The dispatcher's view of this hook (raises PatternError on bad patterns)."""
@@ -98,6 +100,7 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
             match_filter=ToolMatchFilter.parse(self.tool_names, self.tool_content),
             priority=self.priority,
             failure_policy=self.failure_policy,
+            mode=self.mode,
         )
 
     @classmethod
@@ -120,6 +123,7 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
             priority=spec.priority,
             registered_at=registered_at,
             scope=scope,
+            mode=spec.mode,
         )
 
 

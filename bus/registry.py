@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from bus.actions import NotifyResult
 from bus.aggregation import Outcome
 from bus.dispatch import Endpoint, run_targets
@@ -24,6 +26,7 @@ from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, SessionStopContext, session_of, tool_of
 from bus.hooks import (
     ASYNC_METHODS,
+    MODES,
     SYNC_METHODS,
     AgentHook,
     AsyncAgentHook,
@@ -136,6 +139,20 @@ class HookRegistry(EventRunner):
     def clear_session_hooks(self, session_id: str) -> None:
         """Remove every hook of ``session_id``."""
         self._session_hooks.pop(session_id, None)
+
+    def set_mode(self, name: str, mode: str) -> None:
+        """Switch a global hook between ``enforce``, ``warn`` and ``dryrun`` while running."""
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        found = False
+        for targets in self._event_index.values():
+            for i, t in enumerate(targets):
+                if t.spec.name == name:
+                    spec = msgspec.structs.replace(t.spec, mode=mode)
+                    targets[i] = LocalTarget(spec, t.order, t.hook, t.methods, t.endpoint)
+                    found = True
+        if not found:
+            raise ConfigError(f"no global hook named {name!r}")
 
     def specs(self, event: HookEvent | None = None) -> list[HookSpec]:
         """The global sync hooks (for one event, or all), in hook order."""

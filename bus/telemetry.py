@@ -28,7 +28,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from bus.aggregation import Outcome
+from bus.aggregation import Outcome, would_do
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
 
@@ -117,6 +117,10 @@ def _instruments() -> dict[str, Any]:
             "(fail_open: skipped; fail_closed: turned into Block/Deny)",
         ),
         "blocks": m.create_counter("hookbus.blocks", description="tool calls blocked, by hook"),
+        "shadowed": m.create_counter(
+            "hookbus.hook.shadowed",
+            description="answers of warn/dryrun hooks that were not applied as given",
+        ),
         "dead_letters": m.create_counter("hookbus.dead_letters",
                                          description="messages moved to the dead-letter stream"),
     }  # fmt: skip
@@ -166,8 +170,15 @@ def record_outcomes(
     """
     inst = _instruments()
     for o in outcomes:
+        if o.spec.mode != "enforce" and (would := would_do(event, o)) is not None:
+            tag, detail = would
+            parent.add_event(f"{o.spec.mode}: {o.spec.name} {detail}"[:200],
+                             {"hook.name": o.spec.name, "hook.mode": o.spec.mode,
+                              "hook.action": tag})  # fmt: skip
+            inst["shadowed"].add(1, {"hook.name": o.spec.name, "hook.mode": o.spec.mode})
         hook_attrs = {
             **attrs,
+            "hook.mode": o.spec.mode,
             "hook.name": o.spec.name,
             "hook.failure_policy": o.spec.failure_policy,
         }

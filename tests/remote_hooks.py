@@ -29,6 +29,7 @@ class HookConfig(msgspec.Struct, kw_only=True):
     names: list[str] = msgspec.field(default_factory=list)
     content: list[str] = msgspec.field(default_factory=list)
     record: str = ""  # a file each call appends "<event> <pid>" to
+    enforcement: str = "enforce"
 
 
 class Scripted(Recorder):
@@ -46,6 +47,7 @@ class Scripted(Recorder):
             failure_policy=config.failure_policy,
             priority=config.priority,
             match_filter=ToolMatchFilter.parse(config.names, config.content),
+            enforcement=config.enforcement,
         )
         self.config = config
 

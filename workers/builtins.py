@@ -24,7 +24,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +43,9 @@ from bus import (
     SessionStopContext,
     StepCompleteContext,
 )
-from bus.actions import PostToolUseAction, PreToolUseAction
+from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
+from bus.aggregation import Outcome, apply_modes
+from bus.events import HookContext, session_of, tool_of
 
 __all__ = [
     "AUDIT_PREVIEW_CHARS",
@@ -396,6 +398,14 @@ class AuditLogHook(AgentHook):
             )
         )
 
+    def record_shadowed(
+        self, session_id: str, event: str, tool_name: str | None, answer: ShadowedAnswer
+    ) -> None:
+        """Queue a ``WARN``/``DRYRUN`` row: what a hook not yet enforcing would have done."""
+        detail = f"{answer.hook_name}: {answer.detail}"
+        row = (session_id, event, tool_name, answer.mode.upper(), detail[:AUDIT_PREVIEW_CHARS], 0)
+        self._submit((*row, _utc_now()))
+
     async def flush(self) -> None:
         """Wait until every write submitted so far (and any submitted meanwhile) is done.
 
@@ -461,6 +471,18 @@ class BuiltinRegistry(HookRegistry):
         self.audit_log = audit_log
         for hook in (cancellation, metrics_hook, audit_log):
             self.add(hook)
+        self.observers.append(self._audit_shadowed)
+
+    def _audit_shadowed(
+        self, event: HookEvent, ctx: HookContext, outcomes: Sequence[Outcome], seconds: float
+    ) -> None:
+        """Answers held back by ``warn``/``dryrun`` hooks go to the audit log as well."""
+        if all(o.spec.mode == "enforce" for o in outcomes):
+            return
+        _, shadowed, _ = apply_modes(event, outcomes, dt.datetime.now(dt.UTC))
+        tool, _ = tool_of(ctx)
+        for answer in shadowed:
+            self.audit_log.record_shadowed(session_of(ctx), event.value, tool, answer)
 
     def close(self) -> None:
         """Close the audit log (waits for its pending writes)."""
