@@ -1,0 +1,1 @@
+"""Examples: hook services and clients in other languages."""

@@ -1,0 +1,1 @@
+"""Example hook services (see docs/writing-hooks.md)."""
