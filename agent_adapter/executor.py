@@ -45,6 +45,7 @@ from bus import (
     TaggedContext,
 )
 from bus.actions import ShadowedAnswer
+from bus.aggregation import truncate
 
 log = logging.getLogger("hookbus.executor")
 tracer = trace.get_tracer("hookbus.executor")
@@ -232,6 +233,10 @@ class ToolExecutor:
         except Exception as exc:  # a failing tool is a result for the LLM, not a crash
             output, is_error = str(exc) or type(exc).__name__, True
         elapsed_ms = (time.perf_counter() - t0) * 1000
+        limit = self.hooks.settings.max_output_chars
+        if len(output) > limit:  # before any hook sees it: no message outgrows the wire limit
+            marker = f"\n…[{len(output) - limit} more characters cut: output over {limit}]"
+            output = truncate(output, limit, marker)
         post = await self.hooks.run_post_tool_use(
             PostToolUseContext(
                 session_id=session_id,

@@ -234,9 +234,9 @@ def aggregate_pre_tool_use(
     )
 
 
-def truncate(content: str, limit: int) -> str:
+def truncate(content: str, limit: int, marker: str = TRUNCATION_MARKER) -> str:
     """Cut ``content`` to ``limit`` characters, with a visible marker when it was cut."""
-    return content if len(content) <= limit else content[:limit] + TRUNCATION_MARKER
+    return content if len(content) <= limit else content[:limit] + marker
 
 
 def aggregate_post_tool_use(

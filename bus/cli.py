@@ -1,16 +1,21 @@
 """The ``hookbus`` command line: run the demo, serve hooks, coordinate, cancel sessions, and
-look at a running bus (``hooks list``, ``lag``, ``events tail``, ``dlq …``, ``metrics``)."""
+look at a running bus (``hooks list``, ``lag``, ``events tail``, ``dlq …``, ``metrics``); health
+checks for containers (``check``, ``worker … --check``, ``coordinator --check``) and the whole
+stack as local processes (``up``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
+import re
 import signal
+import socket
 import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -63,6 +68,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    if args.check:
+        return _worker_check(args)
     from bus.hooks import AsyncAgentHook
     from workers.async_worker import AsyncHookWorker
     from workers.replay import parse_position
@@ -107,6 +114,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    if args.check:
+        return _coordinator_check(args)
     from workers.coordinator_service import CoordinatorService
 
     return _serve(CoordinatorService(_settings(args)).run, "coordinator")
@@ -125,6 +134,170 @@ def _cancel(args: argparse.Namespace) -> int:
     asyncio.run(cancel())
     print(f"session {args.session_id} cancelled: its next tool call will be blocked")
     return 0
+
+
+# -- health checks (container probes) ----------------------------------------------------------
+
+#: A check that gets no answer within this many seconds fails (probes allow a few more).
+CHECK_TIMEOUT_SECS = 3.0
+Probe = Callable[["Redis", "Keys", BusSettings], Awaitable[tuple[bool, str]]]
+
+
+def on_host(member: str, host: str) -> bool:
+    """Whether a replica or coordinator id (``HOST-PID-RANDOM``, workers/worker.py and
+    bus/coordinator.py) names a process on ``host``."""
+    if not member.startswith(host + "-"):
+        return False
+    return re.fullmatch(r"\d+-[0-9a-f]+", member[len(host) + 1 :]) is not None
+
+
+async def hook_status(
+    redis: Redis, keys: Keys, settings: BusSettings, hook: str, host: str | None = None
+) -> tuple[bool, str]:
+    """Whether ``hook`` has a live replica (on ``host`` only, if given), and a line saying so."""
+    from bus.protocol import now_ms
+    from workers.operator import list_hooks
+
+    rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
+    if not rows:
+        return False, f"hook {hook} is not registered in {keys.hooks}"
+    live_ms = settings.liveness_secs * 1000
+    if host is None:
+        live, total, last = rows[0].live, rows[0].replicas, rows[0].last_heartbeat_secs
+    else:
+        beats: Any = await redis.zrange(keys.replicas(hook), 0, -1, withscores=True)
+        now = now_ms()
+        ages = [now - float(s) for m, s in beats if on_host(_text(m), host)]
+        live, total = sum(1 for a in ages if a <= live_ms), len(ages)
+        last = max(0.0, min(ages) / 1000) if ages else None
+    where = f" on {host}" if host is not None else ""
+    if live:
+        return True, f"hook {hook}: {live} live replica{_s(live)}{where} (of {total})"
+    if last is None:
+        return False, f"hook {hook} has no replica{where} in {keys.replicas(hook)}"
+    return False, (
+        f"hook {hook} has no live replica{where}: last heartbeat {last:.1f}s ago "
+        f"(live means within {settings.liveness_secs:g}s)"
+    )
+
+
+async def coordinator_status(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+    """Whether the coordinator service is up, as far as Redis can tell: Redis answers and the
+    group ``coordinators`` on ``{p}:decisions`` exists (each replica creates it at start).
+
+    Not which replica reads: Redis before 7.2 neither lists a consumer that has not been handed
+    an entry yet nor refreshes its idle time on an empty blocking read, so consumer activity
+    says nothing about an idle coordinator.
+    """
+    from redis.exceptions import ResponseError
+
+    from bus.keys import COORDINATORS_GROUP
+
+    try:
+        groups: Any = await redis.xinfo_groups(keys.decisions)
+    except ResponseError as exc:
+        if "no such key" not in str(exc):
+            raise
+        groups = []
+    mine = [g for g in groups if _text(g["name"]) == COORDINATORS_GROUP]
+    if not mine:
+        return False, (
+            f"no coordinator has started: {keys.decisions} has no group {COORDINATORS_GROUP}"
+        )
+    group = mine[0]
+    lag = "?" if group.get("lag") is None else str(group["lag"])
+    return True, (
+        f"coordinator group {COORDINATORS_GROUP} on {keys.decisions} exists "
+        f"({group['consumers']} consumers, {group['pending']} pending, lag {lag})"
+    )
+
+
+async def _ping(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+    await redis.ping()
+    return True, f"Redis at {_redacted(settings.redis_url)} answers"
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _run_check(args: argparse.Namespace, probe: Probe) -> int:
+    """One line and an exit code: 0 healthy, 1 not (or Redis did not answer), 2 bad usage."""
+    from bus.keys import Keys
+    from bus.redis_io import connect
+
+    settings = _settings(args)
+    url = _redacted(settings.redis_url)
+
+    async def run() -> tuple[bool, str]:
+        redis = connect(settings)
+        try:
+            return await asyncio.wait_for(
+                probe(redis, Keys(settings.prefix), settings), CHECK_TIMEOUT_SECS
+            )
+        finally:
+            await redis.aclose()
+
+    try:
+        ok, message = asyncio.run(run())
+    except TimeoutError:
+        ok, message = False, f"no answer from Redis at {url} within {CHECK_TIMEOUT_SECS:g}s"
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        ok, message = False, f"cannot reach Redis at {url}: {exc}"
+    except RedisError as exc:
+        ok, message = False, f"Redis at {url} refused the check: {exc}"
+    if ok:
+        print(f"ok: {message}")
+        return 0
+    print(f"hookbus: {message}", file=sys.stderr)
+    return 1
+
+
+def _host(args: argparse.Namespace) -> str | None:
+    return socket.gethostname() if args.here else None
+
+
+def _worker_check(args: argparse.Namespace) -> int:
+    from bus.hooks import spec_of
+    from workers.worker import load_hook
+
+    name = spec_of(load_hook(args.hook)).name
+    host = _host(args)
+
+    async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+        return await hook_status(redis, keys, settings, name, host)
+
+    return _run_check(args, probe)
+
+
+def _coordinator_check(args: argparse.Namespace) -> int:
+    return _run_check(args, coordinator_status)
+
+
+def _check(args: argparse.Namespace) -> int:
+    return _run_check(args, _ping)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from workers.launcher import up
+
+    url = args.redis or os.environ.get("HOOKBUS_REDIS_URL") or None
+    if url is not None:
+        _settings(args)  # a malformed URL is said at once, in one line
+    if args.stop_timeout <= 0:
+        raise _usage("--stop-timeout must be a positive number of seconds")
+    return up(
+        redis_url=url,
+        prefix=args.prefix,
+        demo=args.demo,
+        once=args.once,
+        log_dir=args.logs,
+        stop_timeout=args.stop_timeout,
+    )
 
 
 # -- looking at a running bus ------------------------------------------------------------------
@@ -406,6 +579,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--prefix", help="key prefix (default: $HOOKBUS_PREFIX or hookbus)")
         return p
 
+    def check_args(p: argparse.ArgumentParser, healthy: str, here: bool = True) -> None:
+        p.add_argument(
+            "--check",
+            action="store_true",
+            help=f"health check, do not serve: exit 0 if {healthy}, else 1, with one line",
+        )
+        if here:
+            p.add_argument(
+                "--here",
+                action="store_true",
+                help="with --check: count only replicas on this host (this container or pod)",
+            )
+
     demo = with_redis(sub.add_parser("demo", help="run one scripted agent session"))
     demo.add_argument("--embedded", action="store_true", help="hooks in this process, no Redis")
     demo.add_argument(
@@ -436,6 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="async hooks: deliveries before an entry goes to the dead-letter stream",
     )
+    check_args(worker, "the hook has a live replica (heartbeat within HOOKBUS_LIVENESS_SECS)")
     worker.set_defaults(func=_worker)
 
     replay = with_redis(sub.add_parser("replay", help="re-feed events to one async hook"))
@@ -448,7 +635,45 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator = with_redis(
         sub.add_parser("coordinator", help="answer decision requests from agents in any language")
     )
+    check_args(
+        coordinator,
+        "Redis answers and the coordinators group on PREFIX:decisions exists (every replica "
+        "creates it at start; Redis cannot tell an idle replica from a dead one)",
+        here=False,
+    )
     coordinator.set_defaults(func=_coordinator)
+
+    check = with_redis(
+        sub.add_parser("check", help="health check: exit 0 if Redis answers (PING), else 1")
+    )
+    check.set_defaults(func=_check)
+
+    up = with_redis(
+        sub.add_parser(
+            "up",
+            help="run the docker-compose stack as local processes (no Docker): Redis (a private "
+            "redis-server unless HOOKBUS_REDIS_URL or --redis is set), coordinator, hooks",
+        )
+    )
+    up.add_argument(
+        "--demo", action="store_true", help="once ready, run the demo agent (hookbus demo --attach)"
+    )
+    up.add_argument(
+        "--once",
+        action="store_true",
+        help="stop everything once ready (after the demo, with --demo) and exit with its code",
+    )
+    up.add_argument(
+        "--logs", metavar="DIR", help="one log file per process here (default: a new temp dir)"
+    )
+    up.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECS",
+        help="on Ctrl-C or SIGTERM, processes still running after SECS are killed (10)",
+    )
+    up.set_defaults(func=_up)
 
     schema = sub.add_parser("schema", help="JSON Schema and AsyncAPI of the wire protocol")
     schema_sub = schema.add_subparsers(dest="schema_command", required=True, metavar="ACTION")

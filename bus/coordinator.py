@@ -35,6 +35,7 @@ from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
     DATA_FIELD,
+    MAX_MESSAGE_BYTES,
     ControlMessage,
     EventMessage,
     HookReply,
@@ -82,7 +83,12 @@ class Coordinator(EventRunner):
         self.directory = HookDirectory(
             self.redis, self.keys, settings.liveness_secs, self._endpoint
         )
-        self.stats = {"malformed_replies": 0, "late_replies": 0, "publish_failures": 0}
+        self.stats = {
+            "malformed_replies": 0,
+            "late_replies": 0,
+            "publish_failures": 0,
+            "oversized_events": 0,
+        }
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
@@ -167,9 +173,12 @@ class Coordinator(EventRunner):
         # A backstop cap only: retention (bus/retention.py) trims history without losing
         # what a group has not handled yet.
         _event_id.set(message.id)  # the requests of this dispatch name the event they serve
-        self._enqueue(
-            self.keys.events, encode(message), HARD_CAP_FACTOR * self.bus.events_maxlen, None
-        )
+        payload = encode(message)
+        if len(payload) > MAX_MESSAGE_BYTES:
+            self.stats["oversized_events"] += 1
+            log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
+            return
+        self._enqueue(self.keys.events, payload, HARD_CAP_FACTOR * self.bus.events_maxlen, None)
 
     # -- hooks in this process, beside the services -------------------------------------------
 
@@ -243,11 +252,16 @@ class Coordinator(EventRunner):
             traceparent=traceparent,
             tracestate=tracestate,
         )
+        payload = encode(request)
+        if len(payload) > MAX_MESSAGE_BYTES:
+            raise ProtocolError(
+                f"request of {len(payload)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit"
+            )
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
         future.add_done_callback(lambda _: self._waiting.pop(request.id, None))
         self._enqueue(
-            self.keys.requests(hook), encode(request), self.bus.requests_maxlen, request.id, False
+            self.keys.requests(hook), payload, self.bus.requests_maxlen, request.id, False
         )
         return future
 

@@ -35,11 +35,15 @@ class HookSettings(msgspec.Struct, frozen=True, kw_only=True):
         async_timeout_secs: timeout of an async hook call (``HOOKBUS_ASYNC_TIMEOUT_SECS``, 5).
         truncate_chars: length a ``Warning(truncate_output=True)`` cuts output to
             (``HOOKBUS_TRUNCATE_CHARS``, 2000).
+        max_output_chars: tool output longer than this is cut, with a marker, before any hook
+            sees it (``HOOKBUS_MAX_OUTPUT_CHARS``, 100000), so that no message outgrows the
+            protocol's size limit.
     """
 
     hook_timeout_secs: float = 30.0
     async_timeout_secs: float = 5.0
     truncate_chars: int = 2000
+    max_output_chars: int = 100_000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
@@ -48,6 +52,7 @@ class HookSettings(msgspec.Struct, frozen=True, kw_only=True):
             hook_timeout_secs=_positive(env, "HOOK_TIMEOUT_SECS", 30.0),
             async_timeout_secs=_positive(env, "HOOKBUS_ASYNC_TIMEOUT_SECS", 5.0),
             truncate_chars=int(_positive(env, "HOOKBUS_TRUNCATE_CHARS", 2000)),
+            max_output_chars=int(_positive(env, "HOOKBUS_MAX_OUTPUT_CHARS", 100_000)),
         )
 
 

@@ -78,9 +78,7 @@ async def served(
 
     server = None if redis_url else RedisServer().start()
     url = redis_url or server.url  # type: ignore[union-attr]
-    settings = BusSettings(
-        redis_url=url, prefix=prefix or f"test{os.getpid()}", refresh_secs=0.2
-    )
+    settings = BusSettings(redis_url=url, prefix=prefix or f"test{os.getpid()}", refresh_secs=0.2)
     env = {**os.environ, "HOOKBUS_REDIS_URL": url, "HOOKBUS_PREFIX": settings.prefix}
     worker = subprocess.Popen(
         [sys.executable, "-m", "bus.cli", "worker", target],

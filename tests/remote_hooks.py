@@ -99,3 +99,21 @@ for _event, _method in ASYNC_METHODS.items():
         await self._handle(ctx)
 
     setattr(ScriptedAsync, _method, _forward)
+
+
+class FromRedis(Recorder):
+    """Answers whatever the test stored for it in ``{prefix}:test:answers`` (one process can
+    then serve many generated cases). Its name comes from ``HOOKBUS_TEST_NAME``."""
+
+    def __init__(self) -> None:
+        from bus.redis_io import connect
+        from bus.settings import BusSettings
+
+        settings = BusSettings.from_env()
+        super().__init__(os.environ["HOOKBUS_TEST_NAME"])
+        self.key = f"{settings.prefix}:test:answers"
+        self.redis = connect(settings)
+
+    async def _answer(self, event: HookEvent, ctx: Any) -> Any:
+        raw = await self.redis.hget(self.key, f"{self.name}:{event.value}")
+        return msgspec.json.decode(raw, type=HookAction) if raw else None

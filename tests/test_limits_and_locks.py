@@ -1,0 +1,129 @@
+"""Size limits, and the permission lock held through the distributed path."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgspec
+
+from agent_adapter.client import HookClient
+from agent_adapter.executor import ToolExecutor
+from agent_adapter.llm import call
+from agent_adapter.permissions import PermissionChecker, PermissionRule, ToolKind, Verdict
+from agent_adapter.tools import Tool, Toolbox
+from bus import (
+    CONTINUE,
+    Block,
+    HookRegistry,
+    HookSettings,
+    InjectContext,
+    MutateInput,
+    Override,
+    PermissionDecision,
+    PermissionRequired,
+    PreToolUseContext,
+)
+from bus.settings import BusSettings
+from tests.harness import Processes, wait_live
+from tests.remote_hooks import HookConfig
+
+
+def toolbox(output: str, ran: list[Any], rule: Any = None) -> Toolbox:
+    async def act(args: dict[str, Any]) -> str:
+        ran.append(args)
+        return output
+
+    return Toolbox([Tool("act", "", ToolKind.READ, {"x": int}, act, rule)])
+
+
+async def test_oversized_tool_output_is_cut_with_a_marker_before_hooks_see_it() -> None:
+    seen: list[int] = []
+
+    from tests.remote_hooks import Scripted
+
+    class Measure(Scripted):
+        async def post_tool_use(self, ctx: Any) -> Any:
+            seen.append(len(ctx.output_content))
+            return CONTINUE
+
+    registry = HookRegistry(HookSettings(max_output_chars=1000))
+    registry.add(Measure(HookConfig(name="Measure")))
+    result = await ToolExecutor(registry, toolbox("x" * 5000, [])).execute_parallel(
+        "s", [call("act", x=1)], step=1
+    )
+    content = result.messages[0].content
+    assert content.startswith("x" * 1000) and "4000 more characters cut" in content
+    assert seen and seen[0] < 1100
+
+
+async def test_an_oversized_request_is_refused_not_sent(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    procs.scripted(bus_settings, HookConfig(name="Strict", failure_policy="fail"))
+    async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
+        await wait_live(client, "Strict")
+        huge = PreToolUseContext(session_id="s", tool_name="t", tool_args={"blob": "y" * 2_000_000})
+        result = await client.run_pre_tool_use(huge)
+        assert result.is_blocked and "over the 1048576-byte limit" in result.action.reason
+        assert client.stats["oversized_events"] == 1
+
+
+PRE_ANSWERS = [
+    CONTINUE,
+    Block(reason="b"),
+    MutateInput(updated_args={"x": 2}),
+    PermissionRequired(permission="p", tool_name="act"),
+]
+PERM_ANSWERS = [
+    CONTINUE,
+    InjectContext(context="c"),
+    *(Override(decision=d, reason="r") for d in PermissionDecision),
+]
+
+
+async def test_no_hook_reply_lifts_a_p0_to_p2_deny_over_the_wire(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """48 generated cases: three hook services answer every mix of actions and Overrides
+    (including Override(Allow) from all three) to a call a rule denies at P0, P1 or P2."""
+    for i in range(3):
+        procs.worker(
+            bus_settings, "tests.remote_hooks:FromRedis", f"h{i}", HOOKBUS_TEST_NAME=f"h{i}"
+        )
+    key = f"{bus_settings.prefix}:test:answers"
+    deny = PermissionRule.parse("act", "Deny", reason="locked")
+    rng = random.Random(7)
+    cases = [
+        (level, [(rng.choice(PRE_ANSWERS), rng.choice(PERM_ANSWERS)) for _ in range(3)])
+        for level in ("checker", "tool", "session")
+        for _ in range(15)
+    ] + [(level, [(CONTINUE, Override(decision=PermissionDecision.ALLOW))] * 3)
+         for level in ("checker", "tool", "session")]  # fmt: skip
+
+    async def yes(*_: Any) -> bool:
+        return True
+
+    async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
+        await wait_live(client, "h0", "h1", "h2")
+        for level, answers in cases:
+            async with client.redis.pipeline(transaction=False) as pipe:
+                for i, (pre, perm) in enumerate(answers):
+                    pipe.hset(key, f"h{i}:PreToolUse", msgspec.json.encode(pre))
+                    pipe.hset(key, f"h{i}:PermissionRequest", msgspec.json.encode(perm))
+                await pipe.execute()
+
+            def rule(args: Any, level: str = level) -> Any:
+                return Verdict(PermissionDecision.DENY, "tool rule") if level == "tool" else None
+
+            ran: list[Any] = []
+            executor = ToolExecutor(
+                client,
+                toolbox("done", ran, rule),
+                checker=PermissionChecker([deny]) if level == "checker" else None,
+                session_checker=PermissionChecker([deny]) if level == "session" else None,
+                approver=yes,
+            )
+            result = await executor.execute_parallel("s", [call("act", x=1)], step=1)
+            assert ran == [], (level, answers)
+            assert result.denials[0].level == {"checker": 0, "tool": 1, "session": 2}[level]
