@@ -72,7 +72,7 @@ import msgspec
 
 from bus.actions import Continue, Override, PermissionRequestResult
 from bus.errors import InvalidInputError
-from bus.events import PermissionDecision, PermissionDenialSource
+from bus.events import PermissionDecision, PermissionDenialSource, parse_member
 from bus.matcher import ToolMatchFilter
 
 __all__ = [
@@ -118,14 +118,7 @@ class PermissionMode(enum.StrEnum):
         Raises:
             InvalidInputError: ``name`` is not one of the four modes; the message lists them.
         """
-        if isinstance(name, PermissionMode):
-            return name
-        if isinstance(name, str):
-            for mode in cls:
-                if name.strip().lower() == mode.value.lower():
-                    return mode
-        valid = ", ".join(m.value for m in cls)
-        raise InvalidInputError(f"unknown permission mode {name!r}; expected one of: {valid}")
+        return parse_member(cls, name, "permission mode", fold_case=True)
 
 
 class ToolKind(enum.StrEnum):
@@ -142,15 +135,7 @@ class ToolKind(enum.StrEnum):
         Raises:
             InvalidInputError: ``name`` is not ``read``, ``edit`` or ``exec``.
         """
-        if isinstance(name, ToolKind):
-            return name
-        try:
-            return cls(name)
-        except ValueError:
-            valid = ", ".join(k.value for k in cls)
-            raise InvalidInputError(
-                f"unknown tool kind {name!r}; expected one of: {valid}"
-            ) from None
+        return parse_member(cls, name, "tool kind")
 
 
 def parse_decision(decision: PermissionDecision | str) -> PermissionDecision:
@@ -159,14 +144,7 @@ def parse_decision(decision: PermissionDecision | str) -> PermissionDecision:
     Raises:
         InvalidInputError: ``decision`` is not Allow, Ask or Deny.
     """
-    if isinstance(decision, PermissionDecision):
-        return decision
-    if isinstance(decision, str):
-        for d in PermissionDecision:
-            if decision.strip().lower() == d.value.lower():
-                return d
-    valid = ", ".join(d.value for d in PermissionDecision)
-    raise InvalidInputError(f"unknown permission decision {decision!r}; expected one of: {valid}")
+    return parse_member(PermissionDecision, decision, "permission decision", fold_case=True)
 
 
 class PermissionRule(msgspec.Struct, frozen=True):

@@ -8,11 +8,32 @@ the same event, so hooks must treat them as read-only (return ``MutateInput`` to
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from bus.errors import UnknownEventError
+from bus.errors import InvalidInputError, UnknownEventError
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+def parse_member(
+    kind: type[E],
+    value: object,
+    what: str,
+    error: type[InvalidInputError] = InvalidInputError,
+    *,
+    fold_case: bool = False,
+) -> E:
+    """The member of ``kind`` named ``value``, or ``error`` listing the valid names."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        for member in kind:
+            if value == member.value or (fold_case and value.strip().lower() == member.lower()):
+                return member
+    valid = ", ".join(m.value for m in kind)
+    raise error(f"unknown {what} {value!r}; expected one of: {valid}")
 
 
 class HookEvent(enum.StrEnum):
@@ -34,15 +55,7 @@ class HookEvent(enum.StrEnum):
     @classmethod
     def parse(cls, name: str | HookEvent) -> HookEvent:
         """Return the event called ``name``; raise UnknownEventError for anything else."""
-        if isinstance(name, HookEvent):
-            return name
-        try:
-            return cls(name)
-        except ValueError:
-            known = ", ".join(e.value for e in cls)
-            raise UnknownEventError(
-                f"unknown hook event {name!r}; expected one of: {known}"
-            ) from None
+        return parse_member(cls, name, "hook event", UnknownEventError)
 
 
 #: Events whose hooks are filtered by ``match_filter`` (tool name and arguments).
