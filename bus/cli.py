@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bus.errors import HookBusError
+from bus.errors import ConfigError, HookBusError
 from bus.settings import BusSettings, HookSettings
 
 if TYPE_CHECKING:
@@ -328,6 +328,22 @@ def _hooks_list(args: argparse.Namespace) -> int:
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await list_hooks(redis, keys, settings.liveness_secs)
         make_console().print(render_hooks(rows, keys, settings.liveness_secs))
+
+    _with_redis(args, work)
+    return 0
+
+
+def _hooks_mode(args: argparse.Namespace) -> int:
+    """Switch a hook between enforce, warn and dryrun without redeploying it."""
+    from bus.protocol import ControlMessage, encode
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        if not await redis.hexists(keys.hooks, args.name):
+            raise ConfigError(f"no hook named {args.name!r} is registered (see hookbus hooks list)")
+        await redis.hset(keys.modes, args.name, args.mode)
+        # Coordinators refresh their directory at once on this announcement.
+        await redis.publish(keys.control, encode(ControlMessage(type="manifest", name=args.name)))
+        print(f"hook {args.name} is now in {args.mode} mode")
 
     _with_redis(args, work)
     return 0
@@ -692,6 +708,12 @@ def build_parser() -> argparse.ArgumentParser:
         hooks_sub.add_parser("list", help="every hook: kind, events, filters, live replicas")
     )
     hooks_list.set_defaults(func=_hooks_list)
+    hooks_mode = with_redis(
+        hooks_sub.add_parser("mode", help="enforce, warn or dryrun a hook, without redeploying")
+    )
+    hooks_mode.add_argument("name", help="the hook's name")
+    hooks_mode.add_argument("mode", choices=["enforce", "warn", "dryrun"])
+    hooks_mode.set_defaults(func=_hooks_mode)
 
     lag = with_redis(
         sub.add_parser("lag", help="per consumer group: lag, pending, oldest pending, consumers")

@@ -23,3 +23,47 @@ def blocks() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("where", "code"), blocks(), ids=[w for w, _ in blocks()])
 def test_doc_example_runs(where: str, code: str) -> None:
     exec(compile(code, where, "exec"), {"__name__": "__doc_example__"})
+
+
+SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.S | re.M)
+
+
+def hookbus_commands() -> list[tuple[str, list[str]]]:
+    """Every ``hookbus ...`` command in the docs' shell blocks (env assignments stripped)."""
+    import shlex
+
+    found = []
+    for doc in DOCS:
+        for block in SH_BLOCK.findall(doc.read_text()):
+            for line in block.splitlines():
+                if "hookbus " not in line:
+                    continue
+                try:
+                    words = shlex.split(line.split(" #")[0])
+                except ValueError:  # not a shell line we can read (a JSON payload, say)
+                    continue
+                while words and "=" in words[0]:
+                    words = words[1:]
+                if words[:1] == ["hookbus"]:
+                    found.append((f"{doc.name}: {line.strip()}", words[1:]))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("where", "argv"), hookbus_commands(), ids=[w for w, _ in hookbus_commands()]
+)
+def test_doc_commands_exist(where: str, argv: list[str]) -> None:
+    """Each hookbus command the docs show parses, and the hook classes it names import."""
+    from bus.cli import build_parser
+    from workers.worker import load_hook
+
+    args = build_parser().parse_args(argv)
+    if getattr(args, "hook", None) and ":" in args.hook:
+        load_hook(args.hook)
+
+
+def test_the_guide_shows_the_real_example_hook() -> None:
+    guide = (ROOT / "docs" / "writing-hooks.md").read_text()
+    first = BLOCK.findall(guide)[0]
+    assert first == (ROOT / "examples" / "hooks" / "no_secrets.py").read_text()
+    assert len(first.splitlines()) < 30

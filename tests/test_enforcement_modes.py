@@ -6,6 +6,8 @@ A ``dryrun`` Block lets the tool run and is recorded; ``warn`` injects a warning
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from bus import (
     PreToolUseContext,
 )
 from bus.keys import Keys
-from tests.harness import wait_for
+from tests.harness import ROOT, wait_for, worker_env
 from tests.remote_hooks import HookConfig
 
 PRE, PERM = HookEvent.PRE_TOOL_USE.value, HookEvent.PERMISSION_REQUEST.value
@@ -107,9 +109,14 @@ async def test_mode_changes_without_redeploying_the_hook(harness: Any) -> None:
     assert ran == []
     if harness.mode == "embedded":
         runner.set_mode("Guard", "dryrun")
-    else:  # what `hookbus hooks mode Guard dryrun` writes
-        await runner.redis.hset(Keys(harness.settings.prefix).modes, "Guard", "dryrun")
-        runner._wake.set()
+    else:
+        out = subprocess.run(
+            [sys.executable, "-m", "bus.cli", "hooks", "mode", "Guard", "dryrun"],
+            cwd=ROOT, env=worker_env(harness.settings), capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0 and "now in dryrun mode" in out.stdout, out.stderr
+        assert await runner.redis.hget(Keys(harness.settings.prefix).modes, "Guard") == b"dryrun"
         await wait_for(lambda: runner.directory.by_name["Guard"].spec.mode == "dryrun")
     ran, result = await run_tool(runner)
     assert ran == [{"x": 1}] and result.shadowed[0].mode == "dryrun"

@@ -1,0 +1,484 @@
+"""The deployment files: docker-compose.yml, deploy/k8s/ and deploy/redis/users.acl.
+
+* docker-compose.yml validates against the Compose Specification's JSON Schema
+  (deploy/schemas/compose-spec.json, with check-jsonschema); every Kubernetes manifest against
+  the Kubernetes schemas kubernetes-validate ships, the KEDA objects against
+  deploy/schemas/keda-*.json. Offline: every schema is a file here or in an installed package.
+* Every ``hookbus`` command they run (service commands, container args, health checks, probes)
+  parses with bus/cli.py's parser, and every MODULE:CLASS they name imports.
+* The ACL users: the stack, the demo agent, a shell agent, the operator commands and the health
+  checks all run against a Redis started by deploy/redis/start.sh, each as its role's user, and
+  Redis denies none of their commands (ACL LOG) — while it does deny what a role must not do.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bus.cli import build_parser
+from bus.hooks import spec_of
+from tests.harness import ROOT
+from workers.redis_server import free_port
+from workers.worker import load_hook
+
+COMPOSE = ROOT / "docker-compose.yml"
+K8S = ROOT / "deploy" / "k8s"
+SCHEMAS = ROOT / "deploy" / "schemas"
+REDIS_DIR = ROOT / "deploy" / "redis"
+#: The oldest Kubernetes the manifests claim (or the oldest kubernetes-validate still knows),
+#: and the newest it knows.
+OLDEST_K8S = "1.29.0"
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def manifests() -> list[tuple[str, int, dict[str, Any]]]:
+    """(file name, index, document) of every Kubernetes object in deploy/k8s/."""
+    out = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        out += [(path.name, i, d) for i, d in enumerate(docs)]
+    return out
+
+
+def until(
+    condition: Callable[[], Any],
+    what: str,
+    timeout: float = 60.0,
+    explain: Callable[[], object] = lambda: "",
+) -> Any:
+    """Poll ``condition`` until it returns something true; fail with ``what`` (and
+    ``explain()``) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what} {explain()}")
+        time.sleep(0.1)
+
+
+# -- schemas ------------------------------------------------------------------------------------
+
+
+def check_jsonschema(schema: Path, instance: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--schemafile", str(schema), str(instance)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_compose_file_validates_against_the_compose_specification() -> None:
+    result = check_jsonschema(SCHEMAS / "compose-spec.json", COMPOSE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_compose_schema_refuses_a_misspelt_key(tmp_path: Path) -> None:
+    broken = compose()
+    broken["services"]["coordinator"]["comand"] = broken["services"]["coordinator"].pop("command")
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(yaml.safe_dump(broken))
+    result = check_jsonschema(SCHEMAS / "compose-spec.json", path)
+    assert result.returncode == 1 and "comand" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_readme_compose_snippet_for_a_custom_hook_fits_the_compose_file(
+    tmp_path: Path,
+) -> None:
+    """README.md's "Running the stack" shows a service for a custom hook: added under
+    services:, it validates, and its commands parse."""
+    readme = (ROOT / "README.md").read_text()
+    (snippet,) = re.findall(
+        r"```yaml\n# docker-compose.yml, under services:\n(.*?)```", readme, re.S
+    )
+    text = COMPOSE.read_text().replace("\nservices:\n", "\nservices:\n" + snippet, 1)
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(text)
+    result = check_jsonschema(SCHEMAS / "compose-spec.json", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    service = yaml.safe_load(text)["services"]["my-hook"]
+    assert build_parser().parse_args(service["command"]).hook == "mypackage.hooks:MyHook"
+    assert build_parser().parse_args(service["healthcheck"]["test"][2:]).check
+
+
+def validate_manifest(doc: dict[str, Any]) -> None:
+    """Raise if ``doc`` breaks its schema: KEDA's from deploy/schemas/, else Kubernetes'."""
+    import jsonschema
+    import kubernetes_validate
+
+    if doc["apiVersion"].startswith("keda.sh/"):
+        schema = json.loads((SCHEMAS / f"keda-{doc['kind'].lower()}.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(doc)
+        return
+    known = kubernetes_validate.utils.all_versions()
+    oldest = OLDEST_K8S if OLDEST_K8S in known else min(known, key=_version)
+    for version in (oldest, kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+@pytest.mark.parametrize(
+    "doc", [d for _, _, d in manifests()], ids=[f"{f}#{i}" for f, i, _ in manifests()]
+)
+def test_kubernetes_manifest_validates(doc: dict[str, Any]) -> None:
+    validate_manifest(doc)
+
+
+def test_the_kubernetes_schemas_refuse_mistakes() -> None:
+    import jsonschema
+    import kubernetes_validate
+
+    docs = {d["kind"]: d for _, _, d in manifests()}
+    deployment = copy.deepcopy(docs["Deployment"])
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_manifest(deployment)
+    scaled = copy.deepcopy(docs["ScaledObject"])
+    scaled["spec"]["triggers"][0]["metadata"]["lagcount"] = "5"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(scaled)
+    scaled = copy.deepcopy(docs["ScaledObject"])
+    scaled["spec"]["triggers"][0]["metadata"]["lagCount"] = 5  # KEDA takes strings only
+    with pytest.raises(jsonschema.ValidationError):
+        validate_manifest(scaled)
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(files)
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+
+
+def test_the_scaled_objects_follow_the_async_hooks_groups() -> None:
+    """Each ScaledObject scales a Deployment of an async hook on that hook's own group."""
+    docs = [d for _, _, d in manifests()]
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert {s["spec"]["scaleTargetRef"]["name"] for s in scaled} == {
+        "hookbus-audit-log",
+        "hookbus-metrics",
+    }
+    for s in scaled:
+        args = deployments[s["spec"]["scaleTargetRef"]["name"]]["spec"]["template"]["spec"]
+        hook = spec_of(load_hook(args["containers"][0]["args"][1])).name
+        (trigger,) = s["spec"]["triggers"]
+        assert trigger["type"] == "redis-streams"
+        assert trigger["metadata"]["stream"] == "hookbus:events"
+        assert trigger["metadata"]["consumerGroup"] == hook
+        assert int(trigger["metadata"]["lagCount"]) > 0
+
+
+# -- every command exists -------------------------------------------------------------------
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    """(where, argv after ``hookbus``) of every hookbus command the deployment files run."""
+    found: list[tuple[str, list[str]]] = []
+    for name, service in compose()["services"].items():
+        if service.get("image") != "hookbus:latest":
+            continue
+        found.append((f"compose {name} command", list(service["command"])))
+        test = service.get("healthcheck", {}).get("test")
+        if test:
+            assert test[:2] == ["CMD", "hookbus"], (name, test)
+            found.append((f"compose {name} healthcheck", test[2:]))
+    for file, i, doc in manifests():
+        if doc["kind"] != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            assert "command" not in c, "the image's entrypoint is hookbus: use args"
+            found.append((f"{file}#{i} {c['name']} args", list(c["args"])))
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                command = c[probe]["exec"]["command"]
+                assert command[0] == "hookbus", (file, probe, command)
+                found.append((f"{file}#{i} {c['name']} {probe}", command[1:]))
+    return found
+
+
+@pytest.mark.parametrize("argv", [a for _, a in commands()], ids=[w for w, _ in commands()])
+def test_every_command_exists_in_the_cli(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)  # SystemExit (a failure) on an unknown command
+    assert callable(args.func)
+    if argv[0] == "worker":
+        spec_of(load_hook(argv[1]))  # it imports, and is a hook
+
+
+def test_health_checks_check_what_their_service_runs() -> None:
+    """Each health check or probe is a --check of its own service's command (and hook)."""
+    runs: dict[str, list[str]] = {}
+    checks: list[tuple[str, str, list[str]]] = []
+    for where, argv in commands():
+        owner, _, what = where.rpartition(" ")
+        if what in ("command", "args"):
+            runs[owner] = argv
+        else:
+            checks.append((owner, where, argv))
+    for owner, where, argv in checks:
+        served = runs[owner]
+        assert "--check" in argv and argv[0] == served[0], where
+        if served[0] == "worker":
+            assert argv[1] == served[1] and "--here" in argv, where
+    long_running = {o for o, argv in runs.items() if argv[0] in ("worker", "coordinator")}
+    assert long_running == {o for o, _, _ in checks}
+    assert len(long_running) == 10  # 5 compose services, 5 Deployments
+
+
+# -- ACL users ----------------------------------------------------------------------------------
+
+PASSWORDS = {role: f"{role}-{os.getpid()}-pw" for role in ("coordinator", "worker", "agent")}
+PASSWORDS["operator"] = f"operator-{os.getpid()}-pw"
+ADMIN = "admin-test-pw"
+
+
+class AclRedis:
+    """redis-server started by deploy/redis/start.sh from users.acl, plus an ``admin`` user of
+    the test's own (to read ACL LOG)."""
+
+    def __init__(self, tmp: Path) -> None:
+        template = tmp / "users.acl"
+        template.write_text((REDIS_DIR / "users.acl").read_text() + "user admin on ~* &* +@all\n")
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "HOOKBUS_ACL_TEMPLATE": str(template),
+            "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
+            "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
+            **{f"HOOKBUS_{r.upper()}_PASSWORD": p for r, p in PASSWORDS.items()},
+            "HOOKBUS_ADMIN_PASSWORD": ADMIN,
+        }
+        self.log = tmp / "redis.log"
+        self.proc = subprocess.Popen(
+            ["sh", str(REDIS_DIR / "start.sh"), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(tmp), "--logfile", str(self.log)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        import redis
+
+        self.admin = redis.Redis(port=self.port, username="admin", password=ADMIN)
+
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+                log = self.log.read_text() if self.log.exists() else ""
+                pytest.fail(f"start.sh exited {self.proc.returncode}: {out}{log[-1000:]}")
+            try:
+                return bool(self.admin.ping())
+            except redis.RedisError:
+                return False
+
+        until(up, "redis-server started by deploy/redis/start.sh", timeout=20)
+
+    def url(self, role: str) -> str:
+        return f"redis://{role}:{PASSWORDS[role]}@127.0.0.1:{self.port}/0"
+
+    def denied(self) -> list[str]:
+        """What Redis refused, one line per ACL LOG entry."""
+        entries: Any = self.admin.acl_log()
+        return [
+            f"{e['username']}: {e['reason']} {e['object']} ({e['context']}, x{e['count']})"
+            for e in entries
+        ]
+
+    def close(self) -> None:
+        self.admin.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
+    server = AclRedis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_start_sh_refuses_a_user_without_password(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
+    env |= {"HOOKBUS_ACL_FILE": str(tmp_path / "r.acl"), "HOOKBUS_SECRETS_DIR": str(tmp_path)}
+    env |= {"HOOKBUS_COORDINATOR_PASSWORD": "x"}
+    result = subprocess.run(
+        ["sh", str(REDIS_DIR / "start.sh"), "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "start.sh: no password for Redis user worker: set HOOKBUS_WORKER_PASSWORD or "
+        f"{tmp_path}/hookbus_worker_password"
+    )
+
+
+def hookbus(
+    url: str, *args: str, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOOKBUS_REDIS_URL": url, "COLUMNS": "250", "NO_COLOR": "1"}
+    env.pop("HOOKBUS_PREFIX", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "bus.cli", *args],
+        env=env, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    if check:
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(240)
+def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
+    from workers.launcher import Stack
+
+    env = {k: v for k, v in os.environ.items() if k != "HOOKBUS_PREFIX"}
+    env |= {"HOOKBUS_AUDIT_DB": str(tmp_path / "audit.db")}
+    stack = Stack({role: acl_redis.url(role) for role in PASSWORDS}, tmp_path / "logs", env=env)
+    tail = None
+    try:
+        stack.start()
+        why = stack.wait_ready(90)
+        assert why is None, f"{why}\n{acl_redis.denied()}"
+        operator, agent = acl_redis.url("operator"), acl_redis.url("agent")
+        # A follower of the events stream, then the demo agent, as the agent user.
+        with (tmp_path / "tail.out").open("w") as out:
+            tail = subprocess.Popen(
+                [sys.executable, "-m", "bus.cli", "events", "tail", "--count", "1"],
+                env={**env, "HOOKBUS_REDIS_URL": operator, "COLUMNS": "250", "NO_COLOR": "1"},
+                cwd=ROOT, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        until(
+            lambda: b"following" in (tmp_path / "tail.out").read_bytes(),
+            "events tail",
+            explain=lambda: (tmp_path / "tail.out").read_text(),
+        )
+        demo = hookbus(agent, "demo", "--attach", timeout=120)
+        assert "attached to the running hook services" in demo.stdout
+        assert "cancelled by the user" in demo.stdout
+        assert tail.wait(30) == 0, (tmp_path / "tail.out").read_text()
+
+        # An agent in another language (redis-cli) asks the coordinator service.
+        shell = subprocess.run(
+            ["bash", str(ROOT / "examples" / "shell" / "pretooluse.sh"), "file_read",
+             '{"path":"app/.env"}'],
+            env={**env, "REDIS_URL": agent}, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert shell.returncode == 0, (shell.stdout, shell.stderr)
+        assert json.loads(shell.stdout)["result"]["action"]["type"] == "Block"
+        # A request nobody can answer: the coordinator dead-letters it.
+        acl_redis.admin.xadd("hookbus:decisions", {"data": "not json"})
+        until(lambda: acl_redis.admin.xlen("hookbus:dlq"), "a dead letter", 20, acl_redis.denied)
+
+        # The operator's commands.
+        listed = hookbus(operator, "hooks", "list").stdout
+        for hook in ("CancellationHook", "SecretGuard", "AsyncAuditLogHook", "AsyncMetricsHook"):
+            assert hook in listed
+        hookbus(operator, "lag")
+        hookbus(operator, "metrics")
+        letter_id = re.findall(r"\b\d{13}-\d+\b", hookbus(operator, "dlq", "list").stdout)[0]
+        hookbus(operator, "dlq", "show", letter_id)
+        hookbus(operator, "replay", "AsyncMetricsHook", "--from", "-", "--to", "+")
+        hookbus(operator, "dlq", "purge", "--yes")
+        hookbus(operator, "cancel", "some-session")
+
+        # Every health check, as the role that runs it and as the operator.
+        for url in (acl_redis.url("worker"), operator):
+            for target in ("workers.demo_hooks:SecretGuard", "workers.audit:AsyncAuditLogHook"):
+                hookbus(url, "worker", target, "--check")
+                hookbus(url, "worker", target, "--check", "--here")
+        for url in (acl_redis.url("coordinator"), operator):
+            hookbus(url, "coordinator", "--check")
+        for role in PASSWORDS:
+            hookbus(acl_redis.url(role), "check")
+    finally:
+        if tail is not None and tail.poll() is None:
+            tail.kill()
+            tail.wait()
+        ended = stack.stop()
+    assert all(how == "stopped" for _, how in ended), ended
+    logs = "\n".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*.log")))
+    assert "NOPERM" not in logs and "WRONGPASS" not in logs, logs
+    assert acl_redis.denied() == []
+
+
+@pytest.mark.redis
+def test_the_compose_redis_health_check_passes_as_the_operator(acl_redis: AclRedis) -> None:
+    kind, command = compose()["services"]["redis"]["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    command = command.replace("$$", "$").replace("redis-cli", f"redis-cli -p {acl_redis.port}")
+    env = {**os.environ, "HOOKBUS_OPERATOR_PASSWORD": PASSWORDS["operator"]}
+    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 0
+    env["HOOKBUS_OPERATOR_PASSWORD"] = "wrong"
+    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 1
+
+
+@pytest.mark.redis
+def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None:
+    import redis
+
+    def refused(role: str | None, *command: Any) -> type[Exception]:
+        if role is None:  # RESP2: RESP3's HELLO would be refused before the command
+            client = redis.Redis(port=acl_redis.port, protocol=2)
+        else:
+            client = redis.Redis(port=acl_redis.port, username=role, password=PASSWORDS[role])
+        try:
+            with pytest.raises(redis.exceptions.RedisError) as error:
+                client.execute_command(*command)
+            return error.type
+        finally:
+            client.close()
+
+    noperm = redis.exceptions.NoPermissionError
+    acl_redis.admin.xadd("hookbus:events", {"data": "x"})
+    assert refused(None, "PING") is redis.exceptions.AuthenticationError  # nothing anonymous
+    assert refused("worker", "XADD", "hookbus:events", "*", "data", "forged") is noperm
+    assert refused("worker", "DEL", "hookbus:events") is noperm
+    assert refused("worker", "SET", "hookbus:cancelled:s1", "1") is noperm
+    assert refused("agent", "DEL", "hookbus:events") is noperm
+    read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", "hookbus:events", ">")
+    assert refused("agent", *read) is noperm
+    assert refused("agent", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
+    assert refused("coordinator", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
+    assert refused("coordinator", "DEL", "hookbus:events") is noperm
+    assert refused("operator", "DEL", "hookbus:hooks") is noperm
+    assert refused("operator", "XADD", "hookbus:events", "*", "data", "forged") is noperm
+    for role in PASSWORDS:
+        assert refused(role, "GET", "elsewhere:key") is noperm
+        assert refused(role, "FLUSHALL") is noperm
+        assert refused(role, "CONFIG", "GET", "*") is noperm
