@@ -41,7 +41,7 @@ examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
 	@touch $@
 
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

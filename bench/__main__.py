@@ -1,21 +1,34 @@
 """Run every benchmark: ``python -m bench [--quick]`` from the repository root.
 
 Each module in ``MODULES`` exposes ``main(argv) -> int``; the arguments are passed to each.
+Then ``bench.plots`` draws the PNGs from ``bench/results/*.json`` and prints one summary table
+of every headline figure against its target (also ``bench/results/summary.json``).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import time
 
-MODULES = ["bench.inprocess", "bench.sync_dispatch", "bench.async_throughput", "bench.tracing_cost"]
+MODULES = [
+    "bench.inprocess",
+    "bench.sync_dispatch",
+    "bench.command_hooks",
+    "bench.async_throughput",
+    "bench.concurrency",
+    "bench.tracing_cost",
+]
+PLOTS = "bench.plots"  # runs last, on the results of the modules above
 
 
 def main(argv: list[str]) -> int:
     status = 0
-    for name in MODULES:
+    started = time.monotonic()
+    for name in [*MODULES, PLOTS]:
         print(f"== {name}", flush=True)
         status = max(status, importlib.import_module(name).main(argv))
+    print(f"== all benchmarks in {time.monotonic() - started:.0f} s", flush=True)
     return status
 
 

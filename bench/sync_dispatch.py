@@ -265,6 +265,35 @@ def percentiles(samples: list[int]) -> tuple[float, float]:
     return p50 / 1000, p99 / 1000
 
 
+def quantiles(samples: list[int], points: int = 100) -> list[float]:
+    """Microseconds at quantiles 0, 1/points, …, 1 (nearest rank): a CDF to plot, compactly."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if not n:
+        return []
+    return [
+        round(ordered[min(n - 1, max(0, math.ceil(q / points * n) - 1))] / 1000, 1)
+        for q in range(points + 1)
+    ]
+
+
+def round_ratios(ours: list[int], floor: list[int], batch: int) -> dict[str, float]:
+    """Min, median and max over the alternating batches of (our p50 / the floor's p50)."""
+    ratios = []
+    for start in range(0, min(len(ours), len(floor)), batch):
+        p50, _ = percentiles(ours[start : start + batch])
+        f50, _ = percentiles(floor[start : start + batch])
+        ratios.append(p50 / f50 if f50 > 0 else math.inf)
+    ratios.sort()
+    if not ratios:
+        return {}
+    return {
+        "min": round(ratios[0], 2),
+        "median": round(ratios[len(ratios) // 2], 2),
+        "max": round(ratios[-1], 2),
+    }
+
+
 def _ratio(a: float, b: float) -> float:
     return round(a / b, 2) if b > 0 else math.inf
 
@@ -421,7 +450,9 @@ def payload_sizes() -> dict[str, int]:
 # -- one hook count --------------------------------------------------------------------------
 
 
-def summary(hooks: int, ours: list[int], floor: list[int]) -> dict[str, Any]:
+def summary(hooks: int, ours: list[int], floor: list[int], batch: int) -> dict[str, Any]:
+    """One row: percentiles and ratio, the spread of the ratio over the alternating batches,
+    and 101 quantiles of each series (for CDF plots: ``bench.plots``)."""
     p50, p99 = percentiles(ours)
     f50, f99 = percentiles(floor)
     return {
@@ -431,6 +462,8 @@ def summary(hooks: int, ours: list[int], floor: list[int]) -> dict[str, Any]:
         "floor_p50_us": round(f50, 1),
         "floor_p99_us": round(f99, 1),
         "ratio_p50": _ratio(p50, f50),
+        "ratio_p50_per_batch": round_ratios(ours, floor, batch),
+        "quantiles_us": {"hookbus": quantiles(ours), "floor": quantiles(floor)},
     }
 
 
@@ -515,7 +548,7 @@ class Scenario:
             if broker is not None:
                 await broker.stop()
             self.stop([label for label in self.labels if label.startswith("fs")])
-        row = summary(self.n, samples["hookbus"], samples["floor"])
+        row = summary(self.n, samples["hookbus"], samples["floor"], plan.batch)
         progress(self._line(row))
         if "faststream" in samples:
             p50, p99 = percentiles(samples["faststream"])
@@ -526,6 +559,7 @@ class Scenario:
                 "p99_us": round(p99, 1),
                 "floor_p50_us": row["floor_p50_us"],
                 "ratio_p50": _ratio(p50, row["floor_p50_us"]),
+                "quantiles_us": quantiles(samples["faststream"]),
             }
             progress(f"FastStream request(), 1 hook: p50 {p50:.0f} µs, p99 {p99:.0f} µs")
         return row, reference
@@ -599,7 +633,7 @@ class Scenario:
         )
         samples = await alternate(plan, {"hookbus": hookbus, "floor": floor})
         self.stop([hb_label, floor_label])
-        row = summary(self.n, samples["hookbus"], samples["floor"])
+        row = summary(self.n, samples["hookbus"], samples["floor"], plan.batch)
         progress(self._line(row))
         return row
 
@@ -696,18 +730,21 @@ def render(report: dict[str, Any]) -> str:
         f"(Python {report['python']}, redis-server {report['redis_server']}, redis-py "
         f"{report['redis_py']}, hiredis {report['hiredis'] or 'no'}, {report['cpus']} CPUs, "
         f"{report['samples_per_point']} samples per point{', QUICK' if report['quick'] else ''})",
+        "per batch: the range over the alternating batches of hookbus p50 / floor p50",
     ]
     for name, topo in report["topologies"].items():
         lines += [
             "",
             f"topology {name}: {topo['description']}",
             f"{'hooks':>5}  {'hookbus p50 µs':>14}  {'p99 µs':>8}  {'floor p50 µs':>12}  "
-            f"{'p99 µs':>8}  {'ratio p50':>9}",
+            f"{'p99 µs':>8}  {'ratio p50':>9}  {'per batch':>11}",
         ]
         for r in topo["results"]:
+            spread = r.get("ratio_p50_per_batch") or {}
             lines.append(
                 f"{r['hooks']:>5}  {r['hookbus_p50_us']:>14.1f}  {r['hookbus_p99_us']:>8.1f}  "
                 f"{r['floor_p50_us']:>12.1f}  {r['floor_p99_us']:>8.1f}  {r['ratio_p50']:>8.2f}x"
+                + (f"  {spread['min']:.2f}-{spread['max']:.2f}x" if spread else "")
             )
         t = topo["target"]
         verdict = "HOLDS" if t["met"] else "DOES NOT HOLD"

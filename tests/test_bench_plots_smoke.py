@@ -1,0 +1,231 @@
+"""Smoke test of the plotting step: PNGs and the summary table from results files.
+
+The results are small synthetic reports with the fields the benchmarks write (the benchmarks'
+own smoke tests check that they do), so that this test needs no Redis and takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ALL_PLOTS = {
+    "sync_dispatch_cdf.png",
+    "async_throughput.png",
+    "concurrency.png",
+    "command_hooks.png",
+    "inprocess.png",
+}
+
+
+def _quantiles(p50: float) -> list[float]:
+    return [round(p50 * (0.7 + 0.6 * i / 100) ** 3, 1) for i in range(101)]
+
+
+def reports(quick: bool) -> dict[str, dict[str, Any]]:
+    """One report per benchmark, shaped as the benchmarks write them."""
+    common = {"quick": quick, "measured_at": "2026-01-01T00:00:00+00:00", "python": "3.11.7"}
+    sync_rows = [
+        {
+            "hooks": n,
+            "hookbus_p50_us": 300.0 * n,
+            "hookbus_p99_us": 900.0 * n,
+            "floor_p50_us": 250.0 * n,
+            "floor_p99_us": 700.0 * n,
+            "ratio_p50": 1.2,
+            "ratio_p50_per_batch": {"min": 1.1, "median": 1.2, "max": 1.3},
+            "quantiles_us": {"hookbus": _quantiles(300 * n), "floor": _quantiles(250 * n)},
+        }
+        for n in (1, 3, 8)
+    ]
+    target = {"hooks": [1, 3], "max_ratio_p50": 1.3, "ratios": {"1": 1.2, "3": 1.2}, "met": True}
+    concurrency_rows = [
+        {
+            "loop": loop,
+            "agents": c,
+            "series": s,
+            "samples": 100,
+            "p50_us": 300.0 * c,
+            "p99_us": 900.0 * c,
+            "mean_us": 400.0 * c,
+            "dispatches_per_sec": 2500.0 if loop == "closed" else None,
+            "quantiles_us": _quantiles(300 * c),
+        }
+        for loop in ("closed", "paced")
+        for c in (1, 2, 4, 8, 16, 32)
+        for s in ("shared", "each", "floor")
+    ]
+    loop_target = {"ratios": {"shared": 32.0, "each": 32.0}, "floor_ratio": 32.0, "met": False}
+    return {
+        "inprocess": {
+            **common,
+            "results": [
+                {
+                    "hooks": n,
+                    "hookbus_p50_us": 2.0 + n,
+                    "hookbus_p99_us": 4.0 + n,
+                    "pluggy_p50_us": 1.0 + n / 4,
+                    "pluggy_p99_us": 2.0 + n / 4,
+                    "ratio": 2.5,
+                }
+                for n in (0, 1, 3, 16)
+            ],
+            "target": {"hooks": 3, "max_p50_us": 20.0, "p50_us": 5.0, "met": True},
+        },
+        "sync_dispatch": {
+            **common,
+            "redis_server": "7.0.15",
+            "cpus": 2,
+            "topologies": {
+                name: {"description": name, "results": sync_rows, "target": target}
+                for name in ("agent", "service")
+            },
+            "reference": {
+                "what": "FastStream",
+                "hooks": 1,
+                "p50_us": 1500.0,
+                "p99_us": 3000.0,
+                "floor_p50_us": 250.0,
+                "ratio_p50": 6.0,
+                "quantiles_us": _quantiles(1500),
+            },
+        },
+        "command_hooks": {
+            **common,
+            "results": [
+                {
+                    "hooks": n,
+                    "variant": v,
+                    "samples": 10,
+                    "p50_us": p50 * n,
+                    "p99_us": 2 * p50 * n,
+                    "ratio_to_hookbus_p50": p50 / 300,
+                    "quantiles_us": _quantiles(p50 * n),
+                }
+                for n in (1, 3)
+                for v, p50 in (("hookbus", 300.0), ("python", 18_000.0), ("shell", 1_800.0))
+            ],
+        },
+        "async_throughput": {
+            **common,
+            "events_per_trial": 5000,
+            "rounds": 3,
+            "results": [
+                {
+                    "scenario": key,
+                    "label": key,
+                    "events_per_sec": 100_000.0 * ratio,
+                    "ratio_to_floor": ratio,
+                    "trials": [{"events_per_sec": k * 100_000 * ratio} for k in (0.9, 1, 1.1)],
+                }
+                for key, ratio in (("floor", 1.0), ("hookbus", 0.8), ("hookbus_batches", 0.9))
+            ],
+            "target": {"scenario": "hookbus", "min_ratio": 0.6, "ratio": 0.8, "met": True},
+        },
+        "concurrency": {
+            **common,
+            "levels": [1, 2, 4, 8, 16, 32],
+            "loops": {
+                "closed": {"think_ms": 0, "think": "none"},
+                "paced": {"think_ms": 20, "think": "10-30 ms"},
+            },
+            "results": concurrency_rows,
+            "target": {
+                "series": ["shared", "each"],
+                "agents": 32,
+                "max_ratio_p99": 3.0,
+                "loop": "closed",
+                "loops": {"closed": loop_target, "paced": loop_target},
+                "met": False,
+            },
+        },
+        "tracing_cost": {
+            "samples": 300,
+            "off": {"p50_us": 400.0, "p99_us": 900.0},
+            "on": {"p50_us": 500.0, "p99_us": 1200.0},
+            "ratio_p50": 1.25,
+        },
+    }
+
+
+@pytest.fixture
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Results and docs/img in a temporary directory: a test run replaces no real figures."""
+    results, img = tmp_path / "results", tmp_path / "docs" / "img"
+    results.mkdir()
+    monkeypatch.setattr(plots, "RESULTS", results)
+    monkeypatch.setattr(plots, "DOCS_IMG", img)
+    return results, img
+
+
+def write(results: Path, found: dict[str, dict[str, Any]]) -> None:
+    for name, report in found.items():
+        (results / f"{name}.json").write_text(json.dumps(report), encoding="utf-8")
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert len(data) > 1000, path
+    assert data.startswith(PNG_MAGIC), path
+
+
+def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None:
+    results, img = dirs
+    write(results, reports(quick=True))
+
+    assert plots.main(["--quick"]) == 0
+
+    for name in ALL_PLOTS:
+        assert_png(results / name)
+    assert not img.exists(), "quick figures must not replace the docs' plots"
+    summary = json.loads((results / "summary.json").read_text(encoding="utf-8"))
+    assert summary["quick"] is True
+    assert set(summary["sources"]) == set(plots.SOURCES)
+    benchmarks = {row["benchmark"] for row in summary["rows"]}
+    assert {"in-process", "sync, agent", "sync, service", "command hooks", "async"} <= benchmarks
+    assert {"concurrency, closed", "concurrency, paced", "tracing"} <= benchmarks
+    for row in summary["rows"]:
+        assert row["value"] is not None and row["ratio"] is not None, row
+        assert row["met"] in (True, False, None), row
+    checked = [row for row in summary["rows"] if row["met"] is not None]
+    assert summary["targets"]["checked"] == len(checked) > 0
+    assert len(summary["targets"]["missed"]) == summary["targets"]["checked"] - sum(
+        1 for row in checked if row["met"]
+    )
+    assert not (results / "history.jsonl").exists()
+
+
+def test_full_results_are_copied_for_the_docs_and_recorded_once(dirs: tuple[Path, Path]) -> None:
+    results, img = dirs
+    write(results, reports(quick=False))
+
+    assert plots.main([]) == 0
+    assert plots.main([]) == 0  # the same results again: one line of history, not two
+
+    assert {p.name for p in img.glob("*.png")} == ALL_PLOTS
+    for name in ALL_PLOTS:
+        assert_png(img / name)
+    lines = (results / "history.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["ratios"]["sync.agent.1"] == 1.2
+
+
+def test_missing_results_are_skipped(dirs: tuple[Path, Path]) -> None:
+    results, _ = dirs
+    write(results, {"async_throughput": reports(quick=True)["async_throughput"]})
+
+    assert plots.main([]) == 0
+
+    assert [p.name for p in results.glob("*.png")] == ["async_throughput.png"]
+    summary = json.loads((results / "summary.json").read_text(encoding="utf-8"))
+    assert {row["benchmark"] for row in summary["rows"]} == {"async"}
+
+
+def test_no_results_is_an_error(dirs: tuple[Path, Path]) -> None:
+    assert plots.main([]) == 1
