@@ -58,7 +58,8 @@ def requests_key(prefix: str, hook: str) -> str:
 
 
 def connect(url: str) -> Redis:
-    return Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+    # No socket timeout: raw redis-py at its cheapest (with one, each send costs a wait_for task).
+    return Redis.from_url(url, socket_connect_timeout=2)
 
 
 async def ensure_group(redis: Redis, stream: str, group: str) -> None:

@@ -668,7 +668,8 @@ def _target(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def run(plan: Plan, url: str, children: Children, reference: bool) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    redis = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=CALL_TIMEOUT * 2)
+    # No socket timeout: the floor agent uses raw redis-py at its cheapest (see floor_worker.py).
+    redis = Redis.from_url(url, socket_connect_timeout=2)
     try:
         info = await redis.info("server")
         rows: dict[str, list[dict[str, Any]]] = {"agent": [], "service": []}

@@ -8,7 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio import connection as redis_connection
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.keys import Keys
 from bus.protocol import now_ms
@@ -22,15 +24,42 @@ Entry = tuple[bytes, dict[bytes, bytes]]
 UNREACHABLE = (RedisError, OSError)
 
 
+SOCKET_TIMEOUT = 10.0
+
+
+class _Connection(redis_connection.Connection):
+    """redis-py's connection, sending under ``asyncio.timeout`` instead of ``wait_for``.
+
+    With a socket timeout set, redis-py wraps every send in ``asyncio.wait_for``, which on
+    Python 3.11 creates a task and costs an event-loop turn per command (about 45 µs of a
+    350 µs dispatch here). Reads keep redis-py's own (cheap) timeout.
+    """
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        timeout, self.socket_timeout = self.socket_timeout, None
+        try:
+            async with asyncio.timeout(timeout):
+                await super().send_packed_command(command, check_health)
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        finally:
+            self.socket_timeout = timeout
+
+
 def connect(settings: BusSettings) -> Redis:
     """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand."""
-    return Redis.from_url(
+    client = Redis.from_url(
         settings.redis_url,
         socket_connect_timeout=2,
-        socket_timeout=10,
+        socket_timeout=SOCKET_TIMEOUT,
         health_check_interval=0,
         retry_on_timeout=False,
     )
+    pool = client.connection_pool
+    if pool.connection_class is redis_connection.Connection:  # not for TLS or unix sockets
+        pool.connection_class = _Connection
+    return client
 
 
 def group_lost(exc: ResponseError) -> bool:
