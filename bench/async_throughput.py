@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import ctypes
 import datetime as dt
-import json
 import os
 import platform
 import signal
@@ -59,6 +58,7 @@ from typing import Any
 import msgspec
 import redis as redis_py
 
+from bench.common import progress, write_results
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
 from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
@@ -82,10 +82,6 @@ class Plan:
 
 FULL = Plan(events=50_000, rounds=5, warmup=2_000)
 QUICK = Plan(events=5_000, rounds=1, warmup=500)
-
-
-def progress(text: str) -> None:
-    print(f"  [{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 # -- the hooks: no-op async hooks, subscribed to every event (no subscribed_events) -----------
@@ -541,9 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
     progress(f"done in {time.monotonic() - started:.0f} s")
     print(render(result), flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"results written to {RESULTS}", flush=True)
+    write_results(RESULTS, result)
     return 0
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import redis as redis_py
 
 from agent_adapter.client import HookClient
+from bench.common import write_results
 from bench.sync_dispatch import (
     MODULE,
     NOOPS,
@@ -325,9 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
     progress(f"done in {time.monotonic() - started:.0f} s")
     print(render(report), flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"results written to {RESULTS}", flush=True)
+    write_results(RESULTS, report)
     return 0
 
 

@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import datetime as dt
 import gc
-import json
 import math
 import os
 import platform
@@ -63,6 +62,7 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
+from bench.common import write_results
 from bench.floor_worker import fan_out, hook_request, requests_key
 from bench.sync_dispatch import (
     CALL_TIMEOUT,
@@ -457,9 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
     progress(f"done in {time.monotonic() - started:.0f} s")
     print(render(report), flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"results written to {RESULTS}", flush=True)
+    write_results(RESULTS, report)
     return 0
 
 

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import datetime as dt
 import gc
-import json
 import math
 import platform
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 import pluggy
 
+from bench.common import percentiles, write_results
 from bus.actions import CONTINUE, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
 from bus.hooks import AgentHook
@@ -170,16 +170,6 @@ def time_nothing(n: int) -> list[int]:
         t0 = clock()
         append(clock() - t0)
     return samples
-
-
-def percentiles(samples: list[int]) -> tuple[float, float]:
-    """(median, p99) in microseconds; p99 by nearest rank."""
-    ordered = sorted(samples)
-    n = len(ordered)
-    mid = n // 2
-    p50 = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    p99 = ordered[max(0, math.ceil(0.99 * n) - 1)]
-    return p50 / 1000, p99 / 1000
 
 
 def _ratio(a: float, b: float) -> float:
@@ -332,9 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = asyncio.run(run(plan))
     print(render(report), flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"results written to {RESULTS}", flush=True)
+    write_results(RESULTS, report)
     return 0
 
 

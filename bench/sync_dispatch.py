@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import gc
-import json
 import math
 import os
 import platform
@@ -56,6 +55,7 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
+from bench.common import percentiles, progress, write_results
 from bench.floor_worker import fan_out, hook_reply, hook_request, requests_key
 from bus.actions import CONTINUE, Continue, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
@@ -89,10 +89,6 @@ class Plan:
 
 FULL = Plan(warmup=300, rounds=10, batch=200)
 QUICK = Plan(warmup=20, rounds=2, batch=50)
-
-
-def progress(text: str) -> None:
-    print(f"  [{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 # -- the hooks: one class per worker process, each with its own name ------------------------
@@ -253,16 +249,6 @@ async def alternate(plan: Plan, calls: dict[str, Call]) -> dict[str, list[int]]:
         for label, call in calls.items():
             samples[label] += await time_calls(call, plan.batch)
     return samples
-
-
-def percentiles(samples: list[int]) -> tuple[float, float]:
-    """(median, p99) in microseconds; p99 by nearest rank."""
-    ordered = sorted(samples)
-    n = len(ordered)
-    mid = n // 2
-    p50 = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    p99 = ordered[max(0, math.ceil(0.99 * n) - 1)]
-    return p50 / 1000, p99 / 1000
 
 
 def quantiles(samples: list[int], points: int = 100) -> list[float]:
@@ -793,9 +779,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
     progress(f"done in {time.monotonic() - started:.0f} s")
     print(render(report), flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"results written to {RESULTS}", flush=True)
+    write_results(RESULTS, report)
     return 0
 
 
