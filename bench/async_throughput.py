@@ -58,7 +58,7 @@ from typing import Any
 import msgspec
 import redis as redis_py
 
-from bench.common import progress, write_results
+from bench.common import progress, terminated, write_results
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
 from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
@@ -509,10 +509,6 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few events, one round (smoke test)")
@@ -521,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from workers.redis_server import RedisServer
 
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    previous = signal.signal(signal.SIGTERM, terminated)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
         children = Children(Path(logdir))

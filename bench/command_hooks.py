@@ -38,10 +38,7 @@ import gc
 import json
 import os
 import platform
-import signal
 import sys
-import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +47,11 @@ from typing import Any
 import redis as redis_py
 
 from agent_adapter.client import HookClient
-from bench.common import write_results
 from bench.sync_dispatch import (
     MODULE,
     NOOPS,
     Children,
     _check,
-    _dying_with_us,
     _hiredis,
     _ratio,
     context,
@@ -64,12 +59,12 @@ from bench.sync_dispatch import (
     percentiles,
     progress,
     quantiles,
+    run_benchmark,
     time_calls,
     wait_until,
 )
 from bus.actions import Continue
 from bus.settings import BusSettings, HookSettings
-from workers.redis_server import RedisServer
 
 HOOK_COUNTS = (1, 3)
 VARIANTS = ("hookbus", "python", "shell")
@@ -300,34 +295,12 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.command_hooks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few iterations (smoke test)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
-        children = Children(Path(logdir))
-        server = RedisServer()
-        server.binary = _dying_with_us(server.binary, Path(logdir))
-        try:
-            server.start()
-            progress(f"redis-server on port {server.port}; logs of the workers in {logdir}")
-            report = asyncio.run(run(plan, server.url, children))
-        finally:
-            children.stop()
-            server.close()
-            signal.signal(signal.SIGTERM, previous)
-    progress(f"done in {time.monotonic() - started:.0f} s")
-    print(render(report), flush=True)
-    write_results(RESULTS, report)
-    return 0
+    return run_benchmark(RESULTS, render, lambda url, children: run(plan, url, children))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,27 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many calls to make: ``rounds`` alternating batches of ``batch`` calls each."""
+
+    warmup: int
+    rounds: int
+    batch: int
+
+    @property
+    def samples(self) -> int:
+        return self.rounds * self.batch
+
+
+def terminated(signum: int, frame: object) -> None:
+    """SIGTERM handler: exit through ``finally`` blocks, so children are stopped."""
+    raise SystemExit(128 + signum)
 
 
 def progress(text: str) -> None:

@@ -47,10 +47,8 @@ import math
 import os
 import platform
 import random
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -62,7 +60,6 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
-from bench.common import write_results
 from bench.floor_worker import fan_out, hook_request, requests_key
 from bench.sync_dispatch import (
     CALL_TIMEOUT,
@@ -70,13 +67,13 @@ from bench.sync_dispatch import (
     NOOPS,
     Children,
     _check,
-    _dying_with_us,
     _hiredis,
     _ratio,
     hookbus_env,
     percentiles,
     progress,
     quantiles,
+    run_benchmark,
     time_calls,
     wait_ready,
     wait_until,
@@ -85,7 +82,6 @@ from bus.actions import Continue
 from bus.events import PreToolUseContext
 from bus.protocol import raw
 from bus.settings import BusSettings, HookSettings
-from workers.redis_server import RedisServer
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 SERIES = ("shared", "each", "floor")
@@ -431,34 +427,12 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.concurrency", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few iterations (smoke test)")
     args = parser.parse_args(argv)
     plans = QUICK if args.quick else FULL
-
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
-        children = Children(Path(logdir))
-        server = RedisServer()
-        server.binary = _dying_with_us(server.binary, Path(logdir))
-        try:
-            server.start()
-            progress(f"redis-server on port {server.port}; logs of the workers in {logdir}")
-            report = asyncio.run(run(plans, server.url, children))
-        finally:
-            children.stop()
-            server.close()
-            signal.signal(signal.SIGTERM, previous)
-    progress(f"done in {time.monotonic() - started:.0f} s")
-    print(render(report), flush=True)
-    write_results(RESULTS, report)
-    return 0
+    return run_benchmark(RESULTS, render, lambda url, children: run(plans, url, children))
 
 
 if __name__ == "__main__":

@@ -27,13 +27,12 @@ import platform
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pluggy
 
-from bench.common import percentiles, write_results
+from bench.common import Plan, percentiles, write_results
 from bus.actions import CONTINUE, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
 from bus.hooks import AgentHook
@@ -45,19 +44,6 @@ SUSPENDING_HOOKS = 3
 TARGET_HOOKS = 3
 TARGET_P50_US = 20.0
 RESULTS = Path(__file__).resolve().parent / "results" / "inprocess.json"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How many calls to make: ``rounds`` alternating batches of ``batch`` calls each."""
-
-    warmup: int
-    rounds: int
-    batch: int
-
-    @property
-    def samples(self) -> int:
-        return self.rounds * self.batch
 
 
 FULL = Plan(warmup=2_000, rounds=20, batch=1_000)

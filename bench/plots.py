@@ -150,6 +150,11 @@ def plot_sync_cdf(report: dict[str, Any], out: Path) -> bool:
         ax.legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("fraction of calls at or below")
     fig.suptitle("Synchronous dispatch over Redis: HookBus (solid) vs raw redis-py floor (dashed)")
+    return _save(plt, fig, report, out)
+
+
+def _save(plt: Any, fig: Any, report: dict[str, Any], out: Path) -> bool:
+    """Footer, layout, PNG, close: the end of every plot."""
     _footer(fig, report)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(out, dpi=110)
@@ -206,11 +211,7 @@ def plot_async(report: dict[str, Any], out: Path) -> bool:
         fontsize=10,
     )
     ax.grid(True, axis="y", alpha=0.25)
-    _footer(fig, report)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, report, out)
 
 
 def plot_concurrency(report: dict[str, Any], out: Path) -> bool:
@@ -248,11 +249,7 @@ def plot_concurrency(report: dict[str, Any], out: Path) -> bool:
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=7, ncol=3, loc="best")
     fig.suptitle("Synchronous dispatch with concurrent agents, 1 hook")
-    _footer(fig, report)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, report, out)
 
 
 def plot_commands(report: dict[str, Any], out: Path) -> bool:
@@ -299,11 +296,7 @@ def plot_commands(report: dict[str, Any], out: Path) -> bool:
     )
     ax.grid(True, axis="y", which="both", alpha=0.25)
     ax.legend(fontsize=8)
-    _footer(fig, report)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, report, out)
 
 
 def plot_inprocess(report: dict[str, Any], out: Path) -> bool:
@@ -335,11 +328,7 @@ def plot_inprocess(report: dict[str, Any], out: Path) -> bool:
     )
     ax.grid(True, axis="y", alpha=0.25)
     ax.legend(fontsize=8)
-    _footer(fig, report)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, report, out)
 
 
 PLOTS: dict[str, tuple[str, Callable[[dict[str, Any], Path], bool]]] = {

@@ -45,8 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
-from bench.common import percentiles, progress, write_results
+from bench.common import Plan, percentiles, progress, terminated, write_results
 from bench.floor_worker import fan_out, hook_reply, hook_request, requests_key
 from bus.actions import CONTINUE, Continue, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
@@ -72,19 +71,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "sync_dispatch.json"
 START_TIMEOUT = 30.0  # seconds for worker processes to come up
 CALL_TIMEOUT = 5  # seconds an agent waits for one answer before the run fails
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How many calls to make: ``rounds`` alternating batches of ``batch`` calls each."""
-
-    warmup: int
-    rounds: int
-    batch: int
-
-    @property
-    def samples(self) -> int:
-        return self.rounds * self.batch
 
 
 FULL = Plan(warmup=300, rounds=10, batch=200)
@@ -750,8 +736,30 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+def run_benchmark(
+    results: Path,
+    render: Callable[[dict[str, Any]], str],
+    run: Callable[[str, Children], Coroutine[Any, Any, dict[str, Any]]],
+) -> int:
+    """Start a private redis-server, ``run(url, children)``, stop everything, report."""
+    previous = signal.signal(signal.SIGTERM, terminated)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
+        children = Children(Path(logdir))
+        server = RedisServer()
+        server.binary = _dying_with_us(server.binary, Path(logdir))
+        try:
+            server.start()
+            progress(f"redis-server on port {server.port}; logs of the workers in {logdir}")
+            report = asyncio.run(run(server.url, children))
+        finally:
+            children.stop()
+            server.close()
+            signal.signal(signal.SIGTERM, previous)
+    progress(f"done in {time.monotonic() - started:.0f} s")
+    print(render(report), flush=True)
+    write_results(results, report)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -762,25 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
-        children = Children(Path(logdir))
-        server = RedisServer()
-        server.binary = _dying_with_us(server.binary, Path(logdir))
-        try:
-            server.start()
-            progress(f"redis-server on port {server.port}; logs of the workers in {logdir}")
-            report = asyncio.run(run(plan, server.url, children, not args.no_faststream))
-        finally:
-            children.stop()
-            server.close()
-            signal.signal(signal.SIGTERM, previous)
-    progress(f"done in {time.monotonic() - started:.0f} s")
-    print(render(report), flush=True)
-    write_results(RESULTS, report)
-    return 0
+    return run_benchmark(
+        RESULTS, render, lambda url, children: run(plan, url, children, not args.no_faststream)
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from bench.common import write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "tracing_cost.json"
 
@@ -45,7 +47,7 @@ async def _measure(samples: int) -> dict[str, float]:
     client = await HookClient(BusSettings.from_env(), HookSettings(hook_timeout_secs=5)).start()
     tracer = trace.get_tracer("bench")
     try:
-        while not client.directory.live("Noop"):
+        while not client.directory.live("bench-noop-1"):
             await asyncio.sleep(0.02)
         ctx = PreToolUseContext(session_id="s", tool_name="file_read", tool_args={"path": "a"})
         times = []
@@ -72,7 +74,7 @@ def _run_side(on: bool, redis_url: str, endpoint: str, samples: int) -> dict[str
     if on:
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "bus.cli", "worker", "bench.tracing_cost:Noop"],
+        [sys.executable, "-m", "bus.cli", "worker", "bench.sync_dispatch:Noop1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -111,25 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'off':<8} {off['p50_us']:>10.0f} {off['p99_us']:>10.0f}")
     print(f"{'on':<8} {on['p50_us']:>10.0f} {on['p99_us']:>10.0f}")
     print(f"tracing on costs {ratio:.2f}x at p50 (+{on['p50_us'] - off['p50_us']:.0f} µs)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"samples": samples, "off": off, "on": on, "ratio_p50": ratio},
-                                  indent=2))  # fmt: skip
+    write_results(RESULTS, {"samples": samples, "off": off, "on": on, "ratio_p50": ratio})
     return 0
 
-
-def _noop_hook() -> Any:
-    from bus import CONTINUE, AgentHook, HookEvent
-
-    class Noop(AgentHook):
-        subscribed_events = (HookEvent.PRE_TOOL_USE,)
-
-        async def pre_tool_use(self, ctx: Any) -> Any:
-            return CONTINUE
-
-    return Noop
-
-
-Noop = _noop_hook()
 
 if __name__ == "__main__":
     sys.exit(main())
