@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import subprocess
 import sys
@@ -75,12 +76,16 @@ class Processes:
             proc.wait(10)
 
 
-async def wait_for(condition: Any, timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll ``condition()`` until it is true; fail with ``what`` after ``timeout`` seconds."""
+async def wait_for(condition: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``condition()`` (sync or async) until it returns something true, and return that;
+    fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if condition():
-            return
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 

@@ -78,10 +78,11 @@ def recorded(path: Path) -> set[str]:
 
 async def wait_group(redis: Redis, keys: Keys, group: str, replicas: int = 1) -> None:
     """Until ``replicas`` replicas of the async hook have registered (its group exists)."""
-    deadline = time.monotonic() + 30
-    while await redis.zcard(keys.replicas(group)) < replicas:
-        assert time.monotonic() < deadline, f"{group} never got {replicas} replicas"
-        await asyncio.sleep(0.05)
+
+    async def registered() -> bool:
+        return bool(await redis.zcard(keys.replicas(group)) >= replicas)
+
+    await wait_for(registered, timeout=30, what=f"{replicas} replicas of {group}")
 
 
 async def test_every_event_handled_at_least_once_while_replicas_are_killed(
@@ -142,10 +143,7 @@ async def test_a_poison_event_is_dead_lettered_after_n_deliveries_then_replayed(
         async def dlq() -> list[Any]:
             return list(await redis.xrange(keys.dlq))
 
-        deadline = time.monotonic() + 60
-        while not (entries := await dlq()):
-            assert time.monotonic() < deadline, "the poison event never reached the DLQ"
-            await asyncio.sleep(0.1)
+        entries = await wait_for(dlq, timeout=60, what="the poison event in the DLQ")
         [(_, fields)] = entries
         assert fields[b"hook"] == b"Picky" and fields[b"deliveries"] == b"3"
         assert b"cannot handle session poison" in fields[b"reason"]
@@ -188,10 +186,11 @@ async def test_malformed_entries_are_dead_lettered_and_the_worker_goes_on(
         await publish(redis, keys, [good])
         good_id = msgspec.json.decode(good)["id"]
         await wait_for(lambda: good_id in recorded(record), what="the good event after the bad")
-        deadline = time.monotonic() + 30
-        while (n := await redis.xlen(keys.dlq)) < 1000:
-            assert time.monotonic() < deadline, n
-            await asyncio.sleep(0.05)
+
+        async def all_dead_lettered() -> bool:
+            return bool(await redis.xlen(keys.dlq) >= 1000)
+
+        await wait_for(all_dead_lettered, timeout=30, what="1000 dead letters")
         reasons = {f[b"reason"].decode() for _, f in await redis.xrange(keys.dlq, count=8)}
         assert any("JSON is malformed" in r for r in reasons)
         assert any("Invalid enum value 'Nope'" in r for r in reasons)
@@ -237,11 +236,12 @@ async def test_nogroup_is_recreated_and_logged(
         await wait_group(redis, keys, "Phoenix")
         await redis.delete(keys.events)  # the stream is wiped, groups and all
         payload = event(4)
-        deadline = time.monotonic() + 30
-        while not recorded(record):
-            assert time.monotonic() < deadline, procs.logs()
-            await publish(redis, keys, [payload])
-            await asyncio.sleep(0.2)
+
+        async def handled_after_republishing() -> bool:
+            await publish(redis, keys, [payload])  # until the recreated group sees one
+            return bool(recorded(record))
+
+        await wait_for(handled_after_republishing, timeout=30, what="the recreated group")
         assert "recreating it" in procs.logs()
     finally:
         await redis.aclose()

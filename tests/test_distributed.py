@@ -45,6 +45,10 @@ async def client_for(settings: BusSettings, timeout: float = 10.0) -> HookClient
     return await HookClient(settings, HookSettings(hook_timeout_secs=timeout)).start()
 
 
+async def _at_least(count: Any, n: int) -> bool:
+    return bool(await count >= n)
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -199,9 +203,7 @@ async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
             dlq[:] = await redis.xrange(keys.dlq)
             return len(dlq)
 
-        deadline = time.monotonic() + 10
-        while await dead_letters() < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: _at_least(dead_letters(), 2), timeout=10, what="2 dead letters")
         reasons = [fields[b"reason"].decode() for _, fields in dlq]
         assert any("malformed HookRequest" in r and "`$.id`" in r for r in reasons), reasons
         assert any("no 'data' field" in r for r in reasons)
@@ -236,10 +238,7 @@ async def test_redis_stopped_mid_session_then_back(procs: Processes, tmp_path: P
         async def decided() -> bool:
             return (await client.run_pre_tool_use(ctx())).is_blocked
 
-        deadline = time.monotonic() + 20
-        while not await decided():
-            assert time.monotonic() < deadline, "the session did not recover after Redis came back"
-            await asyncio.sleep(0.1)
+        await wait_for(decided, timeout=20, what="the session to recover after Redis came back")
     finally:
         await client.close()
         server.close()
@@ -303,11 +302,12 @@ async def test_events_are_published_to_the_events_stream(bus_settings: BusSettin
         await client.run_on_session_stop(SessionStopContext(session_id="s1"))
         await client.drain()
         keys = Keys(bus_settings.prefix)
-        entries = []
-        deadline = time.monotonic() + 5
-        while len(entries) < 2 and time.monotonic() < deadline:
+
+        async def both_events() -> list[Any]:
             entries = await client.redis.xrange(keys.events)
-            await asyncio.sleep(0.02)
+            return entries if len(entries) >= 2 else []
+
+        entries = await wait_for(both_events, timeout=5, what="both events on the stream")
         events = [json.loads(f[DATA_FIELD.encode()]) for _, f in entries]
         assert [e["event"] for e in events] == ["PreToolUse", "OnSessionStop"]
         assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 1
