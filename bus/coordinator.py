@@ -23,6 +23,7 @@ import socket
 from contextvars import ContextVar
 from typing import Any, cast
 
+import msgspec
 from redis.exceptions import RedisError
 
 from bus import telemetry
@@ -54,7 +55,11 @@ from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
-_event_id: ContextVar[str] = ContextVar("hookbus_event_id", default="")
+# The event this task is dispatching: its id (requests name it) and its context already encoded
+# (encoded once per dispatch, not once per hook).
+_dispatch: ContextVar[tuple[str, object, msgspec.Raw | None]] = ContextVar(
+    "hookbus_dispatch", default=("", None, None)
+)
 
 
 class Coordinator(EventRunner):
@@ -160,19 +165,20 @@ class Coordinator(EventRunner):
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
         traceparent, tracestate = telemetry.headers()
+        encoded = raw(ctx)
         message = EventMessage(
             id=new_id(),
             ts=now_ms(),
             event=event,
             session_id=session_of(ctx),
-            context=raw(ctx),
+            context=encoded,
             source=self.source,
             traceparent=traceparent,
             tracestate=tracestate,
         )
         # A backstop cap only: retention (bus/retention.py) trims history without losing
         # what a group has not handled yet.
-        _event_id.set(message.id)  # the requests of this dispatch name the event they serve
+        _dispatch.set((message.id, ctx, encoded))
         payload = encode(message)
         if len(payload) > MAX_MESSAGE_BYTES:
             self.stats["oversized_events"] += 1
@@ -239,16 +245,17 @@ class Coordinator(EventRunner):
             raise HookUnreachable(f"no live replica of hook {hook}")
         loop = asyncio.get_running_loop()
         traceparent, tracestate = telemetry.headers()  # the dispatch span: the hook's parent
+        event_id, published, encoded = _dispatch.get()
         request = HookRequest(
             id=new_id(),
             ts=now_ms(),
             hook=hook,
             event=event,
             session_id=session_of(ctx),
-            context=raw(ctx),
+            context=encoded if published is ctx and encoded is not None else raw(ctx),
             deadline=now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
-            event_id=_event_id.get(),
+            event_id=event_id if published is ctx else "",
             traceparent=traceparent,
             tracestate=tracestate,
         )

@@ -169,9 +169,13 @@ async def test_a_request_past_its_deadline_is_never_executed(
         reply = await redis.blpop([keys.inbox("probe")], timeout=10)
         assert reply is not None  # the live request was answered...
         assert json.loads(reply[1])["hook"] == "Late"
-        await wait_for(lambda: True)
-        pending = await redis.xpending(keys.requests("Late"), WORKERS_GROUP)
-        assert pending["pending"] == 0  # ...and the expired one acknowledged, not run
+
+        async def nothing_pending() -> bool:
+            pending = await redis.xpending(keys.requests("Late"), WORKERS_GROUP)
+            return bool(pending["pending"] == 0)
+
+        # ...and the expired one acknowledged, not run
+        await wait_for(nothing_pending, what="the expired request to be acknowledged")
         assert lines(record) == ["PreToolUse " + lines(record)[0].split()[1]]
     finally:
         await client.close()
