@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -122,6 +122,24 @@ async def consume(
             backoff = min(backoff * 2, 2.0)
             continue
         await handle(entries)
+
+
+async def keep_and_claim(
+    redis: Redis,
+    stream: str,
+    group: str,
+    consumer: str,
+    in_flight: Collection[bytes],
+    idle_ms: int,
+    count: int = 16,
+) -> list[Entry]:
+    """Keep ``consumer``'s in-flight entries its own (XCLAIM resets their idle time) and take
+    over entries another consumer has left idle for ``idle_ms`` (XAUTOCLAIM): a replica that
+    died or froze mid-entry loses it to a live one. Returns the entries taken over."""
+    if in_flight:
+        await redis.xclaim(stream, group, consumer, 0, list(in_flight), justid=True)
+    result = await redis.xautoclaim(stream, group, consumer, idle_ms, start_id="0-0", count=count)
+    return [(entry_id, fields) for entry_id, fields in result[1] if entry_id not in in_flight]
 
 
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:

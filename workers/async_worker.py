@@ -122,10 +122,11 @@ class AsyncHookWorker:
     # -- registration ------------------------------------------------------------------------
 
     async def register(self) -> None:
-        manifest = HookManifest.of(self.spec, "async", now_ms())
-        await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
+        # The group first: once the manifest is visible, every later event reaches this hook.
         await ensure_group(self.redis, self.keys.events, self.group, start=self.start)
         await ensure_group(self.redis, self.streams[1], self.group, start="0")
+        manifest = HookManifest.of(self.spec, "async", now_ms())
+        await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
         await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))

@@ -33,7 +33,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import Entry, consume, dead_letter, ensure_group
+from bus.redis_io import UNREACHABLE, Entry, consume, dead_letter, ensure_group, keep_and_claim
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
@@ -55,8 +55,9 @@ class CoordinatorService:
         self.coordinator = Coordinator(settings, hook_settings, source="coordinator-service")
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
-        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0, "expired": 0}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.settings = settings
+        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0, "expired": 0, "claimed": 0}
+        self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -65,10 +66,14 @@ class CoordinatorService:
             await self._ensure_group()
             self.ready.set()
             log.info("coordinator %s answering %s", self.coordinator.id, self.keys.decisions)
-            await self._loop(stop)
+            keeper = asyncio.create_task(self._keep_and_claim(stop))
+            try:
+                await self._loop(stop)
+            finally:
+                keeper.cancel()
         finally:
-            if self._tasks:
-                await asyncio.wait(list(self._tasks), timeout=30)
+            if self._in_flight:
+                await asyncio.wait(list(self._in_flight.values()), timeout=30)
             await self.coordinator.close()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
@@ -80,9 +85,7 @@ class CoordinatorService:
     async def _loop(self, stop: asyncio.Event) -> None:
         async def answer_all(entries: list[Entry]) -> None:
             for entry_id, fields in entries:
-                task = asyncio.create_task(self._answer(entry_id, fields))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._start(entry_id, fields)
 
         await consume(
             self.redis,
@@ -94,6 +97,34 @@ class CoordinatorService:
             handle=answer_all,
             recreate=self._ensure_group,
         )
+
+    def _start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        if entry_id in self._in_flight:
+            return
+        task = asyncio.create_task(self._answer(entry_id, fields))
+        self._in_flight[entry_id] = task
+        task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
+
+    async def _keep_and_claim(self, stop: asyncio.Event) -> None:
+        """Keep the requests being answered ours, and answer those a replica that died or froze
+        left unanswered (while their agent still waits: expired ones are dropped)."""
+        idle_ms = int(self.settings.claim_idle_secs * 1000)
+        while not stop.is_set():
+            try:
+                for entry_id, fields in await keep_and_claim(
+                    self.redis,
+                    self.keys.decisions,
+                    COORDINATORS_GROUP,
+                    self.coordinator.id,
+                    self._in_flight,
+                    idle_ms,
+                ):
+                    self.stats["claimed"] += 1
+                    log.info("took over decision request %s from a silent replica", entry_id)
+                    self._start(entry_id, fields)
+            except UNREACHABLE as exc:
+                log.debug("claiming failed: %s", exc)
+            await asyncio.sleep(self.settings.claim_idle_secs / 3)
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")

@@ -96,6 +96,13 @@ class RedisServer:
                 self.proc.wait()
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once, as in a crash (no shutdown save, no final fsync)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -48,7 +48,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import Entry, connect, consume, dead_letter, ensure_group
+from bus.redis_io import Entry, connect, consume, dead_letter, ensure_group, keep_and_claim
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
@@ -364,16 +364,12 @@ class HookWorker:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
                     await self._heartbeat()
                     last_beat = time.monotonic()
-                if self._in_flight:
-                    await self.redis.xclaim(
-                        self.stream,
-                        WORKERS_GROUP,
-                        self.replica,
-                        0,
-                        list(self._in_flight),
-                        justid=True,
-                    )
-                await self._claim_abandoned()
+                idle_ms = int(self.settings.claim_idle_secs * 1000)
+                for entry_id, fields in await keep_and_claim(
+                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms
+                ):
+                    self.stats["claimed"] += 1
+                    await self._start(entry_id, fields)
             except (RedisError, OSError) as exc:
                 log.debug("keep-alive failed: %s", exc)
             await asyncio.sleep(interval)
@@ -388,13 +384,3 @@ class HookWorker:
             log.warning("manifest of %s was missing (Redis restarted?); restored", self.spec.name)
             await self._ensure_group()
             await self._announce("manifest")
-
-    async def _claim_abandoned(self) -> None:
-        idle_ms = int(self.settings.claim_idle_secs * 1000)
-        result = await self.redis.xautoclaim(
-            self.stream, WORKERS_GROUP, self.replica, idle_ms, start_id="0-0", count=16
-        )
-        for entry_id, fields in result[1]:
-            if entry_id not in self._in_flight:
-                self.stats["claimed"] += 1
-                await self._start(entry_id, fields)
