@@ -1,0 +1,166 @@
+"""Redis itself crashes (SIGKILL) under load and comes back from its append-only file.
+
+A publisher XADDs events as fast as Redis acknowledges them and keeps the id of every event
+Redis acknowledged; agents keep asking the ``fail`` hook Guard; the async hook Ledger keeps
+handling events. Redis is SIGKILLed mid-stream and restarted on the same directory.
+
+* ``appendfsync always``: no acknowledged event is lost.
+* ``appendfsync everysec``: Redis promises to lose at most about one second of writes, and only
+  when the machine (not the process) crashes: a killed process leaves what it wrote in the page
+  cache. The loss is measured against that bound and reported.
+
+Either way every event that survived is handled by Ledger, every decision taken while Redis was
+down fails closed within its deadline, and no tool runs unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from agent_adapter.client import HookClient
+from agent_adapter.executor import ToolExecutor
+from agent_adapter.llm import call
+from agent_adapter.permissions import ToolKind
+from agent_adapter.tools import Tool, Toolbox
+from bus import HookEvent, HookSettings
+from bus.keys import Keys
+from bus.protocol import EventMessage, encode, new_id, now_ms
+from bus.settings import BusSettings
+from bus.testing import context
+from tests.chaos.conftest import Ledger
+from tests.chaos.test_chaos_sync import GUARD_TIMEOUT, SLACK, Services, reconcile_async
+from tests.harness import Processes, wait_for, wait_live
+from workers.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(240)
+
+BEFORE, DOWN, AFTER = 2.0, 1.0, 2.0  # seconds of load before the crash, of outage, after
+EVERYSEC_BOUND = 2.0  # seconds of acknowledged writes everysec may lose (1 s, plus slack)
+
+
+@pytest.fixture(params=["always", "everysec"])
+def aof_redis(request: pytest.FixtureRequest) -> Any:
+    server = RedisServer(extra=["--appendonly", "yes", "--appendfsync", request.param])
+    with server:
+        yield request.param, server
+
+
+async def publish_until(
+    redis: Redis, keys: Keys, stop: asyncio.Event, acked: dict[str, float]
+) -> int:
+    """XADD events one at a time until ``stop``; ``acked`` gets each acknowledged event's id
+    and when. Returns how many XADDs Redis refused or never answered (the publisher knows
+    those were not stored, and would retry them)."""
+    encoded = msgspec.Raw(msgspec.json.encode(context(HookEvent.ON_STEP_COMPLETE)))
+    refused = 0
+    while not stop.is_set():
+        message = EventMessage(
+            id=new_id(),
+            ts=now_ms(),
+            event=HookEvent.ON_STEP_COMPLETE,
+            session_id="publisher",
+            context=encoded,
+        )
+        try:
+            await redis.xadd(keys.events, {"data": encode(message)})
+            acked[message.id] = time.monotonic()
+        except (RedisError, OSError):
+            refused += 1
+            await asyncio.sleep(0.01)
+    return refused
+
+
+async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
+    aof_redis: tuple[str, RedisServer], procs: Processes, ledger: Ledger, tmp_path: Path
+) -> None:
+    fsync, server = aof_redis
+    settings = BusSettings(
+        redis_url=server.url,
+        prefix="chaos",
+        heartbeat_secs=0.2,
+        liveness_secs=1.0,
+        claim_idle_secs=0.5,
+        refresh_secs=0.2,
+    )
+    keys = Keys(settings.prefix)
+    services = Services(procs, settings, tmp_path)
+    ran: list[dict[str, Any]] = []
+
+    async def act(args: dict[str, Any]) -> str:
+        ran.append(dict(args))
+        return "done"
+
+    toolbox = Toolbox([Tool("act", "", ToolKind.READ, {"x": int}, act)])
+    latencies: list[float] = []
+    outcomes = {"checked": 0, "blocked (fail closed)": 0}
+    acked: dict[str, float] = {}
+    publisher = Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=1)
+    async with HookClient(settings, HookSettings(hook_timeout_secs=GUARD_TIMEOUT)) as client:
+        await wait_live(client, "Guard", replicas=2)
+        await wait_for(lambda: "Ledger" in client.directory.async_hooks, what="Ledger")
+        client.observers.append(
+            lambda event, ctx, o, secs: (
+                latencies.append(secs) if event is HookEvent.PRE_TOOL_USE else None
+            )
+        )
+        executor = ToolExecutor(client, toolbox)
+        stop = asyncio.Event()
+
+        async def agent(n: int) -> None:
+            for i in itertools.count(1):
+                if stop.is_set():
+                    return
+                result = await executor.execute_parallel(f"s{n}", [call("act", x=i)], step=i)
+                if any(b.hook_name == "Guard" for b in result.blocking_errors):
+                    outcomes["blocked (fail closed)"] += 1
+                else:
+                    outcomes["checked"] += 1
+
+        tasks = [asyncio.create_task(agent(n)) for n in range(4)]
+        publishing = asyncio.create_task(publish_until(publisher, keys, stop, acked))
+        await asyncio.sleep(BEFORE)  # load before the crash (a duration, not a synchronisation)
+        server.kill()
+        killed_at = time.monotonic()
+        await asyncio.sleep(DOWN)  # the outage's duration
+        server.start()
+        await asyncio.sleep(AFTER)  # load after the restart
+        stop.set()
+        refused = await publishing
+        await asyncio.gather(*tasks)
+        await publisher.aclose()
+
+        entries = await client.redis.xrange(keys.events)
+        present = {msgspec.json.decode(fields[b"data"])["id"] for _, fields in entries}
+        lost = [i for i in acked if i not in present]
+        window = [i for i, t in acked.items() if killed_at - EVERYSEC_BOUND <= t <= killed_at]
+        async_figures = await reconcile_async(client.redis, keys, services)
+
+    ledger.add(
+        appendfsync=fsync,
+        **{"events acknowledged": len(acked), "refused while Redis was down": refused},
+        **{"acknowledged then lost": len(lost)},
+        **({"bound (acked in the last 2 s)": len(window)} if fsync == "everysec" else {}),
+        **async_figures,
+        decisions=sum(outcomes.values()),
+        **outcomes,
+        **{"tool runs unchecked": sum(a != {"x": -1} for a in ran)},
+        **{"dispatch max (s)": f"{max(latencies):.3f} (deadline {GUARD_TIMEOUT:g} s)"},
+    )  # fmt: skip
+    assert refused > 0, "the publisher never saw the outage"
+    assert acked and outcomes["checked"] > 0
+    if fsync == "always":
+        assert lost == []
+    else:
+        assert set(lost) <= set(window)
+    assert outcomes["blocked (fail closed)"] > 0, "no decision was taken while Redis was down"
+    assert all(args == {"x": -1} for args in ran), "a tool ran without Guard's answer"
+    assert max(latencies) <= GUARD_TIMEOUT + SLACK, sorted(latencies)[-5:]
