@@ -474,6 +474,19 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
     read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", "hookbus:events", ">")
     assert refused("agent", *read) is noperm
     assert refused("agent", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
+    # An agent can neither read what is asked of a hook nor answer in a hook's place.
+    acl_redis.admin.xadd("hookbus:hook:Guard:requests", {"data": "{}"})
+    requests = "hookbus:hook:Guard:requests"
+    assert refused("agent", "XRANGE", requests, "-", "+") is noperm
+    assert refused("agent", "XREADGROUP", "GROUP", "workers", "a", "STREAMS", requests, ">") is noperm
+    assert refused("agent", "XREAD", "STREAMS", requests, "0") is noperm
+    assert refused("agent", "RPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
+    assert refused("agent", "LPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
+    assert refused("agent", "HSET", "hookbus:hooks", "Guard", "{}") is noperm
+    assert refused("agent", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
+    # Nor can a hook change how hooks are applied (modes) or forge decisions or cancellations.
+    assert refused("worker", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
+    assert refused("worker", "XADD", "hookbus:decisions", "*", "data", "forged") is noperm
     assert refused("coordinator", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
     assert refused("coordinator", "DEL", "hookbus:events") is noperm
     assert refused("operator", "DEL", "hookbus:hooks") is noperm
