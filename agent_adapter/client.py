@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bus import NotifyResult, SessionStopContext, StepCompleteContext
 from bus.coordinator import Coordinator
+from bus.dispatch import check_outside_hooks
 from bus.keys import check_name
 from bus.protocol import ControlMessage, encode
 from bus.settings import BusSettings, HookSettings
@@ -31,6 +32,7 @@ class HookClient(Coordinator):
 
     async def add_session_hook(self, session_id: str, hook_name: str) -> None:
         """Attach the hook service ``hook_name`` to one session (expires with the session)."""
+        check_outside_hooks("add_session_hook()")
         check_name("hook name", hook_name)
         key = self.keys.session_hooks(session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -43,11 +45,13 @@ class HookClient(Coordinator):
         self.forget_session(session_id)
 
     async def remove_session_hook(self, session_id: str, hook_name: str) -> bool:
+        check_outside_hooks("remove_session_hook()")
         removed = await self.redis.srem(self.keys.session_hooks(session_id), hook_name)
         await self._announce_session(session_id)
         return bool(removed)
 
     async def clear_session_hooks(self, session_id: str) -> None:
+        check_outside_hooks("clear_session_hooks()")
         await self.redis.delete(self.keys.session_hooks(session_id))
         await self._announce_session(session_id)
 

@@ -176,6 +176,16 @@ def apply_modes(
     return effective, tuple(shadowed), warnings
 
 
+def shadowed_answers(event: HookEvent, outcomes: Sequence[Outcome]) -> tuple[ShadowedAnswer, ...]:
+    """The answers of hooks not enforcing (``warn``, ``dryrun``) that were not applied."""
+    if all(o.spec.mode == "enforce" for o in outcomes):
+        return ()
+    return apply_modes(event, outcomes, _EPOCH)[1]
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def _all_continue(outcomes: Sequence[Outcome]) -> bool:
     """The common case: every hook answered Continue (or nothing) — nothing to aggregate."""
     return all(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import os
 import re
@@ -344,6 +345,44 @@ def _hooks_mode(args: argparse.Namespace) -> int:
         # Coordinators refresh their directory at once on this announcement.
         await redis.publish(keys.control, encode(ControlMessage(type="manifest", name=args.name)))
         print(f"hook {args.name} is now in {args.mode} mode")
+
+    _with_redis(args, work)
+    return 0
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m`` or ``2h``."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 900, 900s, 15m or 2h")
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+def _breakglass(args: argparse.Namespace) -> int:
+    """Switch the audited bypass of every enforcing hook on or off, or show it."""
+    from workers.operator import breakglass_off, breakglass_on, breakglass_status
+
+    def until(ms: int) -> str:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        if args.switch == "on":
+            on = await breakglass_on(redis, keys, args.reason, args.seconds, args.by)
+            print(
+                f"break-glass is ON until {until(on.until_ms)}: every enforcing hook is "
+                "applied as a warning (recorded in the audit trail); P0-P2 permission denials "
+                "still hold. End it with: hookbus breakglass off"
+            )
+        elif args.switch == "off":
+            was = await breakglass_off(redis, keys, args.by)
+            print("break-glass is off: hooks are enforced" + (" again" if was else ""))
+        else:
+            glass = await breakglass_status(redis, keys)
+            if glass is None:
+                print("break-glass is off")
+            else:
+                print(f"break-glass is ON until {until(glass.until_ms)}, by {glass.by}: "
+                      f"{glass.reason}")  # fmt: skip
 
     _with_redis(args, work)
     return 0
@@ -714,6 +753,24 @@ def build_parser() -> argparse.ArgumentParser:
     hooks_mode.add_argument("name", help="the hook's name")
     hooks_mode.add_argument("mode", choices=["enforce", "warn", "dryrun"])
     hooks_mode.set_defaults(func=_hooks_mode)
+
+    glass = sub.add_parser(
+        "breakglass",
+        help="an audited, time-limited bypass: every enforcing hook only warns (on, off, status)",
+    )
+    glass_sub = glass.add_subparsers(dest="switch", required=True, metavar="ACTION")
+    who = f"{os.environ.get('USER', 'operator')}@{socket.gethostname()}"
+    glass_on = with_redis(glass_sub.add_parser("on", help="switch the bypass on, with a reason"))
+    glass_on.add_argument("--reason", required=True, help="why (goes to the audit trail)")
+    glass_on.add_argument(
+        "--for", dest="seconds", type=_duration, default=900.0, metavar="DURATION",
+        help="how long until it ends by itself: 900, 15m, 2h (15m; at most 24h)",
+    )  # fmt: skip
+    glass_on.add_argument("--by", default=who, help=f"who switches it ({who})")
+    glass_off = with_redis(glass_sub.add_parser("off", help="enforce every hook again"))
+    glass_off.add_argument("--by", default=who, help=f"who switches it ({who})")
+    with_redis(glass_sub.add_parser("status", help="is it on, until when, why"))
+    glass.set_defaults(func=_breakglass)
 
     lag = with_redis(
         sub.add_parser("lag", help="per consumer group: lag, pending, oldest pending, consumers")

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any, cast
 
@@ -27,9 +28,11 @@ import msgspec
 from redis.exceptions import RedisError
 
 from bus import telemetry
-from bus.aggregation import Outcome
+from bus.actions import ShadowedAnswer
+from bus.aggregation import Outcome, shadowed_answers
+from bus.breakglass import BreakGlass, bypass, is_on
 from bus.directory import HookDirectory
-from bus.dispatch import Endpoint, run_targets
+from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, ProtocolError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
@@ -37,6 +40,7 @@ from bus.keys import Keys
 from bus.protocol import (
     DATA_FIELD,
     MAX_MESSAGE_BYTES,
+    AuditRecord,
     ControlMessage,
     EventMessage,
     HookReply,
@@ -55,6 +59,8 @@ from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
+#: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
+AUDIT_MAXLEN = 100_000
 # The event this task is dispatching: its id (requests name it) and its context already encoded
 # (encoded once per dispatch, not once per hook).
 _dispatch: ContextVar[tuple[str, object, msgspec.Raw | None]] = ContextVar(
@@ -153,7 +159,10 @@ class Coordinator(EventRunner):
         if self._local[event]:
             candidates = sorted([*self._local[event], *candidates], key=lambda t: t.order)
         targets = select(event, candidates, session, name, args)
-        return await run_targets(
+        glass = self.directory.breakglass
+        if glass is not None and is_on(glass, now_ms()):
+            targets = bypass(targets)
+        outcomes = await run_targets(
             event,
             ctx,
             targets,
@@ -161,6 +170,36 @@ class Coordinator(EventRunner):
             sequential=sequential,
             after_start=self._flush,
         )
+        if shadowed := shadowed_answers(event, outcomes):
+            self._record_shadowed(event, ctx, shadowed, glass)
+        return outcomes
+
+    def _record_shadowed(
+        self,
+        event: HookEvent,
+        ctx: HookContext,
+        shadowed: Sequence[ShadowedAnswer],
+        glass: BreakGlass | None,
+    ) -> None:
+        """Queue one audit record per answer not applied (sent with the next flush)."""
+        tool, _ = tool_of(ctx)
+        reason = glass.reason if glass is not None and is_on(glass, now_ms()) else ""
+        for answer in shadowed:
+            record = AuditRecord(
+                id=new_id(),
+                ts=now_ms(),
+                kind="shadowed",
+                event=event,
+                session_id=session_of(ctx),
+                tool_name=tool or "",
+                hook=answer.hook_name,
+                mode=answer.mode,
+                action=answer.action,
+                detail=answer.detail,
+                by=self.source,
+                breakglass=reason,
+            )
+            self._enqueue(self.keys.audit, encode(record), AUDIT_MAXLEN, None)
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
@@ -194,6 +233,7 @@ class Coordinator(EventRunner):
         For hooks that share state with the agent (its metrics, say); everything else belongs
         in a hook service.
         """
+        check_outside_hooks("add()")
         if not isinstance(hook, AgentHook):
             raise ConfigError(f"add() takes an AgentHook, got {type(hook).__name__}")
         spec = spec_of(hook)

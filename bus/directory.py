@@ -19,7 +19,7 @@ from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
 from bus.keys import Keys
-from bus.protocol import HookManifest, decode, now_ms
+from bus.protocol import BreakGlass, HookManifest, decode, now_ms
 
 log = logging.getLogger("hookbus.directory")
 
@@ -57,11 +57,32 @@ class HookDirectory:
         self.by_event: dict[HookEvent, list[RemoteTarget]] = {e: [] for e in HookEvent}
         self.async_hooks: dict[str, HookManifest] = {}
         self.malformed = 0
+        self.breakglass: BreakGlass | None = None
+
+    def _read_breakglass(self, data: bytes | None) -> BreakGlass | None:
+        if data is None:
+            if self.breakglass is not None:
+                log.warning("break-glass is off: hooks are enforced again")
+            return None
+        try:
+            glass = decode(data, BreakGlass)
+        except InvalidInputError as exc:  # a broken switch must not switch enforcement off
+            log.error("ignoring a malformed %s: %s", self._keys.breakglass, exc)
+            return None
+        if self.breakglass != glass:
+            log.warning(
+                "break-glass is ON until %d (by %s): %s", glass.until_ms, glass.by, glass.reason
+            )
+        return glass
 
     async def refresh(self) -> None:
         """Re-read every manifest and count live replicas (two round trips)."""
-        raw = await self._redis.hgetall(self._keys.hooks)
-        overrides = await self._redis.hgetall(self._keys.modes)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._keys.hooks)
+            pipe.hgetall(self._keys.modes)
+            pipe.get(self._keys.breakglass)
+            raw, overrides, glass = await pipe.execute()
+        self.breakglass = self._read_breakglass(glass)
         modes = {_text(k): _text(v) for k, v in overrides.items()}
         manifests: list[HookManifest] = []
         for name, data in raw.items():

@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from bus.aggregation import Outcome, check_answer
-from bus.errors import HookFailure
+from bus.errors import ConfigError, HookFailure
 from bus.events import HookContext, HookEvent
 from bus.hooks import HookSpec
 from bus.selection import Target
@@ -31,6 +31,24 @@ Endpoint = Callable[[HookEvent, HookContext, float], Awaitable[Any]]
 #: An outer deadline (event-loop time) no hook of this dispatch may run past: a caller that
 #: will only wait so long (the coordinator service, for an agent's ``timeout_ms``) sets it.
 deadline_cap: ContextVar[float | None] = ContextVar("deadline_cap", default=None)
+
+#: True in the hooks of a dispatch (set while they are started: tasks inherit it). Hook
+#: configuration cannot be changed from there, so no hook can register, remove or soften hooks.
+_inside_hook: ContextVar[bool] = ContextVar("hookbus_inside_hook", default=False)
+
+
+def check_outside_hooks(what: str) -> None:
+    """Refuse ``what`` (a change of hook configuration) when called from inside a hook."""
+    if _inside_hook.get():
+        raise ConfigError(
+            f"{what} was called from inside a hook: hook configuration cannot be changed "
+            "through hooks (change it from the agent, or with `hookbus hooks mode`)"
+        )
+
+
+def enter_hook() -> None:
+    """Mark the current context (a hook's own task) as inside a hook."""
+    _inside_hook.set(True)
 
 
 class DispatchTarget(Target, Protocol):
@@ -145,21 +163,25 @@ async def run_targets(
     cap = deadline_cap.get()
     outcomes: list[Outcome | None] = [None] * len(targets)
     pending: dict[asyncio.Future[Any], _Pending] = {}
-    for i, target in enumerate(targets):
-        timeout = target.spec.timeout or default_timeout
-        deadline = loop.time() + timeout
-        if cap is not None and cap < deadline:
-            deadline, timeout = cap, max(0.0, cap - loop.time())
-        done, state = _start(event, ctx, target, deadline, loop)
-        if done:
-            outcomes[i] = state
-            continue
-        future, t0 = state
-        pending[future] = (i, deadline, t0, timeout)
-        if sequential:
-            if after_start is not None:
-                await after_start()
-            await _collect(event, targets, outcomes, pending, loop)
+    inside = _inside_hook.set(True)  # the hooks started below (and their tasks) are inside
+    try:
+        for i, target in enumerate(targets):
+            timeout = target.spec.timeout or default_timeout
+            deadline = loop.time() + timeout
+            if cap is not None and cap < deadline:
+                deadline, timeout = cap, max(0.0, cap - loop.time())
+            done, state = _start(event, ctx, target, deadline, loop)
+            if done:
+                outcomes[i] = state
+                continue
+            future, t0 = state
+            pending[future] = (i, deadline, t0, timeout)
+            if sequential:
+                if after_start is not None:
+                    await after_start()
+                await _collect(event, targets, outcomes, pending, loop)
+    finally:
+        _inside_hook.reset(inside)
     if pending:
         if after_start is not None:
             await after_start()

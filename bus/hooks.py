@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
-from typing import Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import msgspec
 
@@ -44,6 +44,9 @@ from bus.events import (
     SubagentStopContext,
 )
 from bus.matcher import MATCH_ALL, ToolMatchFilter
+
+if TYPE_CHECKING:  # the wire type; bus.protocol itself imports this module
+    from bus.protocol import AuditRecord
 
 FailurePolicy = Literal["ignore", "fail"]
 #: How a hook's answers are applied: ``enforce`` (as given), ``warn`` (a Block or Deny becomes
@@ -190,6 +193,15 @@ class AsyncAgentHook(_HookBase):
 
     async def on_batch(self, batch: Sequence[DeliveredEvent]) -> None:
         """Handle several events at once (only called when ``handles_batches``)."""
+        raise NotImplementedError
+
+    #: Set to True and implement ``on_audit`` to receive the audit trail as well (hook services
+    #: only): answers coordinators did not apply (``warn``, ``dryrun``, break-glass) and
+    #: break-glass switches. Same delivery as events: at least once, retried, dead-lettered.
+    follows_audit_trail: ClassVar[bool] = False
+
+    async def on_audit(self, records: Sequence[AuditRecord]) -> None:
+        """Handle audit records (only called when ``follows_audit_trail``)."""
         raise NotImplementedError
 
     async def on_session_start_async(self, ctx: SessionStartContext) -> None: ...

@@ -47,7 +47,17 @@ def check_name(kind: str, value: str) -> str:
 class Keys:
     """Key names under one prefix."""
 
-    __slots__ = ("control", "decisions", "dlq", "events", "hooks", "modes", "prefix")
+    __slots__ = (
+        "audit",
+        "breakglass",
+        "control",
+        "decisions",
+        "dlq",
+        "events",
+        "hooks",
+        "modes",
+        "prefix",
+    )
 
     def __init__(self, prefix: str = "hookbus") -> None:
         self.prefix = check_name("key prefix", prefix)
@@ -57,6 +67,10 @@ class Keys:
         self.decisions = f"{prefix}:decisions"
         self.control = f"{prefix}:control"
         self.dlq = f"{prefix}:dlq"
+        #: The audit trail: answers not applied (warn, dryrun, break-glass), break-glass on/off.
+        self.audit = f"{prefix}:audit"
+        #: Present (with a TTL) while an operator's break-glass bypass is on.
+        self.breakglass = f"{prefix}:breakglass"
 
     def requests(self, hook: str) -> str:
         return f"{self.prefix}:hook:{hook}:requests"

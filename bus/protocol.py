@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from bus.actions import HookAction
+from bus.breakglass import BreakGlass as BreakGlass  # the value of {p}:breakglass
 from bus.errors import ProtocolError
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
@@ -147,10 +148,33 @@ class DecisionReply(_Envelope, frozen=True, kw_only=True):
     field: str = ""
 
 
+class AuditRecord(_Envelope, frozen=True, kw_only=True):
+    """One entry of the audit trail ``{p}:audit`` (the audit log hook stores each once).
+
+    ``kind`` "shadowed": a hook's answer a coordinator did not apply as given, because the hook
+    is in ``warn`` or ``dryrun`` mode or a break-glass bypass is on (``mode``, ``action``: the
+    answer's tag, ``detail``: "would have blocked: …", ``breakglass``: the bypass's reason).
+    ``kind`` "breakglass": an operator switched the bypass on or off (``mode`` "on" / "off",
+    ``detail``: the reason, ``by``: who, ``until_ms``: when it ends by itself).
+    """
+
+    kind: Literal["shadowed", "breakglass"]
+    event: HookEvent | None = None
+    session_id: str = ""
+    tool_name: str = ""
+    hook: str = ""
+    mode: str = ""
+    action: str = ""
+    detail: str = ""
+    by: str = ""
+    until_ms: int = 0
+    breakglass: str = ""
+
+
 class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
     """Announcements on ``{p}:control`` that make coordinators refresh at once."""
 
-    type: Literal["manifest", "deregister", "session"]
+    type: Literal["manifest", "deregister", "session", "breakglass"]
     name: str = ""
     replica: str = ""
     session_id: str = ""

@@ -21,7 +21,8 @@ import msgspec
 
 from bus.actions import NotifyResult
 from bus.aggregation import Outcome
-from bus.dispatch import Endpoint, run_targets
+from bus.breakglass import BreakGlass, bypass, is_on, switch
+from bus.dispatch import Endpoint, check_outside_hooks, enter_hook, run_targets
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, SessionStopContext, session_of, tool_of
 from bus.hooks import (
@@ -78,6 +79,7 @@ class HookRegistry(EventRunner):
         self._async_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
         self._names: set[str] = set()
         self.async_failures = 0
+        self.breakglass: BreakGlass | None = None
 
     # -- registration ------------------------------------------------------------------------
 
@@ -92,6 +94,7 @@ class HookRegistry(EventRunner):
 
     def add(self, hook: AgentHook) -> HookSpec:
         """Register a global synchronous hook."""
+        check_outside_hooks("add()")
         if not isinstance(hook, AgentHook):
             hint = " (use add_async)" if isinstance(hook, AsyncAgentHook) else ""
             raise ConfigError(f"add() takes an AgentHook, got {type(hook).__name__}{hint}")
@@ -104,6 +107,7 @@ class HookRegistry(EventRunner):
 
     def add_async(self, hook: AsyncAgentHook) -> HookSpec:
         """Register a fire-and-forget hook."""
+        check_outside_hooks("add_async()")
         if not isinstance(hook, AsyncAgentHook):
             raise ConfigError(f"add_async() takes an AsyncAgentHook, got {type(hook).__name__}")
         target = self._target(hook, ASYNC_METHODS)
@@ -115,6 +119,7 @@ class HookRegistry(EventRunner):
 
     def add_session_hook(self, session_id: str, hook: AgentHook) -> HookSpec:
         """Register a hook that answers only for ``session_id`` (no match filter)."""
+        check_outside_hooks("add_session_hook()")
         if not isinstance(hook, AgentHook):
             raise ConfigError(f"add_session_hook() takes an AgentHook, got {type(hook).__name__}")
         target = self._target(hook, SYNC_METHODS)
@@ -126,6 +131,7 @@ class HookRegistry(EventRunner):
 
     def remove_session_hook(self, session_id: str, name: str) -> bool:
         """Remove one session hook by name; True if it was there."""
+        check_outside_hooks("remove_session_hook()")
         hooks = self._session_hooks.get(session_id, [])
         kept = [t for t in hooks if t.spec.name != name]
         if len(kept) == len(hooks):
@@ -138,10 +144,12 @@ class HookRegistry(EventRunner):
 
     def clear_session_hooks(self, session_id: str) -> None:
         """Remove every hook of ``session_id``."""
+        check_outside_hooks("clear_session_hooks()")
         self._session_hooks.pop(session_id, None)
 
     def set_mode(self, name: str, mode: str) -> None:
         """Switch a global hook between ``enforce``, ``warn`` and ``dryrun`` while running."""
+        check_outside_hooks("set_mode()")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         found = False
@@ -153,6 +161,21 @@ class HookRegistry(EventRunner):
                     found = True
         if not found:
             raise ConfigError(f"no global hook named {name!r}")
+
+    def break_glass(self, reason: str, seconds: float, by: str = "agent") -> BreakGlass:
+        """Switch the audited bypass on for ``seconds`` (see ``bus.breakglass``): every
+        ``enforce`` hook is applied as ``warn`` until it ends or ``end_break_glass()``."""
+        check_outside_hooks("break_glass()")
+        self.breakglass = switch(reason, seconds, by, time.time_ns() // 1_000_000)
+        log.warning("break-glass is ON for %gs (by %s): %s", seconds, by, reason)
+        return self.breakglass
+
+    def end_break_glass(self) -> None:
+        """Enforce every hook again."""
+        check_outside_hooks("end_break_glass()")
+        if self.breakglass is not None:
+            log.warning("break-glass is off: hooks are enforced again")
+        self.breakglass = None
 
     def specs(self, event: HookEvent | None = None) -> list[HookSpec]:
         """The global sync hooks (for one event, or all), in hook order."""
@@ -172,6 +195,8 @@ class HookRegistry(EventRunner):
         session = self._session_hooks.get(session_of(ctx), ())
         name, args = tool_of(ctx)
         targets = select(event, self._event_index[event], session, name, args)
+        if self.breakglass is not None and is_on(self.breakglass, time.time_ns() // 1_000_000):
+            targets = bypass(targets)
         return await run_targets(
             event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential
         )
@@ -188,6 +213,7 @@ class HookRegistry(EventRunner):
         timeout = target.spec.timeout or self.settings.async_timeout_secs
         delivered = DeliveredEvent(os.urandom(16).hex(), event, time.time_ns() // 1_000_000, ctx)
         current_event.set(delivered)  # this task's own context
+        enter_hook()
         try:
             if target.hook.handles_batches:
                 await asyncio.wait_for(target.hook.on_batch([delivered]), timeout)

@@ -24,6 +24,8 @@ from bus.protocol import (
     DATA_FIELD,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
+    AuditRecord,
+    BreakGlass,
     ControlMessage,
     DecisionReply,
     DecisionRequest,
@@ -41,6 +43,8 @@ MESSAGES: dict[str, type] = {
     "DecisionRequest": DecisionRequest,
     "DecisionReply": DecisionReply,
     "ControlMessage": ControlMessage,
+    "AuditRecord": AuditRecord,
+    "BreakGlass": BreakGlass,
     **{kind.__name__: kind for kind in CONTEXT_TYPES.values()},
     # DecisionReply.result, by event: PreToolUse, PostToolUse(Failure), PermissionRequest, others
     "PreToolUseResult": PreToolUseResult,

@@ -478,7 +478,8 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
     acl_redis.admin.xadd("hookbus:hook:Guard:requests", {"data": "{}"})
     requests = "hookbus:hook:Guard:requests"
     assert refused("agent", "XRANGE", requests, "-", "+") is noperm
-    assert refused("agent", "XREADGROUP", "GROUP", "workers", "a", "STREAMS", requests, ">") is noperm
+    read = ("XREADGROUP", "GROUP", "workers", "a", "STREAMS", requests, ">")
+    assert refused("agent", *read) is noperm
     assert refused("agent", "XREAD", "STREAMS", requests, "0") is noperm
     assert refused("agent", "RPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
     assert refused("agent", "LPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm

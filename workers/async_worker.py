@@ -40,6 +40,7 @@ from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_eve
 from bus.keys import Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
+    AuditRecord,
     ControlMessage,
     EventMessage,
     HookManifest,
@@ -94,7 +95,10 @@ class AsyncHookWorker:
         self.group = check_name("hook name", self.spec.name)
         self.settings = settings
         self.keys = Keys(settings.prefix)
-        self.streams = (self.keys.events, self.keys.replay(self.group))
+        # The events, the hook's own replay stream, and the audit trail if it follows it.
+        self.streams: tuple[str, ...] = (self.keys.events, self.keys.replay(self.group))
+        if hook.follows_audit_trail:
+            self.streams += (self.keys.audit,)
         self.start = start
         self.batch_size = batch_size
         self.max_deliveries = max_deliveries
@@ -124,7 +128,8 @@ class AsyncHookWorker:
     async def register(self) -> None:
         # The group first: once the manifest is visible, every later event reaches this hook.
         await ensure_group(self.redis, self.keys.events, self.group, start=self.start)
-        await ensure_group(self.redis, self.streams[1], self.group, start="0")
+        for side in self.streams[1:]:
+            await ensure_group(self.redis, side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
         await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
         await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
@@ -177,8 +182,8 @@ class AsyncHookWorker:
                     await asyncio.sleep(0.5)
                     continue
                 log.warning("events stream or group %s vanished; recreating it", self.group)
-                await ensure_group(self.redis, self.keys.events, self.group, start="0")
-                await ensure_group(self.redis, self.streams[1], self.group, start="0")
+                for stream in self.streams:
+                    await ensure_group(self.redis, stream, self.group, start="0")
                 continue
             except UNREACHABLE as exc:
                 log.warning("Redis unreachable (%s); retrying", exc)
@@ -189,19 +194,21 @@ class AsyncHookWorker:
                     await self.process(stream, entries)
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
-        """The next batch: re-fed entries first (checked twice a second), else new events.
+        """The next batch: re-fed entries and audit records first (checked twice a second),
+        else new events.
 
-        One stream per command, so that the two keys may live on different cluster slots.
+        One stream per command, so that the keys may live on different cluster slots.
         """
-        events, replay = self.streams
+        events, *sides = self.streams
         if time.monotonic() >= self._next_replay_check:
             self._next_replay_check = time.monotonic() + 0.5
-            refed = await read_group(
-                self.redis, self.group, self.replica, replay, count=self.batch_size, block_ms=None
-            )
-            if refed:
-                self._next_replay_check = 0.0  # drain the replay stream before going on
-                return [(replay, refed)]
+            for side in sides:
+                entries = await read_group(
+                    self.redis, self.group, self.replica, side, count=self.batch_size, block_ms=None
+                )
+                if entries:
+                    self._next_replay_check = 0.0  # drain it before going on
+                    return [(side, entries)]
         entries = await read_group(
             self.redis, self.group, self.replica, events, count=self.batch_size, block_ms=200
         )
@@ -211,6 +218,9 @@ class AsyncHookWorker:
 
     async def process(self, stream: str, entries: Sequence[Entry]) -> None:
         """Run the hook on ``entries``; acknowledge what it handled, dead-letter what is bad."""
+        if stream == self.keys.audit:
+            await self._process_audit(entries)
+            return
         acks: list[bytes] = []
         dead: list[dict[Any, Any]] = []
         todo: list[tuple[bytes, DeliveredEvent]] = []
@@ -253,6 +263,31 @@ class AsyncHookWorker:
         if dead:
             telemetry.count_dead_letters(self.group, len(dead))
         await self._settle(stream, acks, dead, failures)
+
+    async def _process_audit(self, entries: Sequence[Entry]) -> None:
+        """Hand audit records to ``on_audit`` in one call; all acknowledged or all retried."""
+        acks: list[bytes] = []
+        dead: list[dict[Any, Any]] = []
+        records: list[tuple[bytes, AuditRecord]] = []
+        for entry_id, fields in entries:
+            data = (fields or {}).get(_DATA)
+            try:
+                if data is None:
+                    raise ProtocolError(f"entry has no {DATA_FIELD!r} field", "$")
+                records.append((entry_id, decode(data, AuditRecord)))
+            except ProtocolError as exc:
+                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
+                dead.append(dead_letter_entry(self.keys.audit, str(exc), data or b"", **extra))
+                acks.append(entry_id)
+        failures: dict[bytes, str] = {}
+        if records:
+            why = await self._call(self.hook.on_audit([r for _, r in records]), None)
+            if why:
+                failures = {entry_id: why for entry_id, _ in records}
+            else:
+                acks.extend(entry_id for entry_id, _ in records)
+        self.stats["dead_lettered"] += len(dead)
+        await self._settle(self.keys.audit, acks, dead, failures)
 
     def _wants(self, event: Any, ctx: Any) -> bool:
         if not self.spec.subscribes(event):

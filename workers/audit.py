@@ -17,6 +17,7 @@ from typing import Any
 
 from bus import AsyncAgentHook
 from bus.hooks import DeliveredEvent
+from bus.protocol import AuditRecord
 
 PREVIEW_CHARS = 200
 COLUMNS = ("event_id", "event", "session_id", "tool_name", "status", "output_preview", "ts")
@@ -45,11 +46,27 @@ def audit_row(d: DeliveredEvent) -> tuple[str, ...]:
     return (d.id, d.event.value, session, tool, status, preview[:PREVIEW_CHARS], when)
 
 
+def audit_record_row(r: AuditRecord) -> tuple[str, ...]:
+    """The audit row of one audit-trail record: an answer not applied, or a break-glass."""
+    if r.kind == "breakglass":
+        until = dt.datetime.fromtimestamp(r.until_ms / 1000, dt.UTC).isoformat()
+        status, detail = f"BREAKGLASS_{r.mode.upper()}", f"{r.by}: {r.detail} (until {until})"
+    else:
+        status, detail = r.mode.upper(), f"{r.hook}: {r.detail}"
+        if r.breakglass:
+            detail += f" [break-glass: {r.breakglass}]"
+    when = dt.datetime.fromtimestamp(r.ts / 1000, dt.UTC).isoformat()
+    event = r.event.value if r.event is not None else ""
+    return (r.id, event, r.session_id, r.tool_name, status, detail[:PREVIEW_CHARS], when)
+
+
 class AsyncAuditLogHook(AsyncAgentHook):
-    """Writes one audit row per event, idempotent on the event id."""
+    """Writes one audit row per event, and per audit-trail record (answers that ``warn``,
+    ``dryrun`` or a break-glass held back; break-glass switches), idempotent on their ids."""
 
     name = "AsyncAuditLogHook"
     handles_batches = True
+    follows_audit_trail = True
 
     def __init__(self, target: str | None = None) -> None:
         self.target = target or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db"
@@ -58,7 +75,12 @@ class AsyncAuditLogHook(AsyncAgentHook):
         self._lock = asyncio.Lock()
 
     async def on_batch(self, batch: Sequence[DeliveredEvent]) -> None:
-        rows = [audit_row(d) for d in batch]
+        await self._write([audit_row(d) for d in batch])
+
+    async def on_audit(self, records: Sequence[AuditRecord]) -> None:
+        await self._write([audit_record_row(r) for r in records])
+
+    async def _write(self, rows: list[tuple[str, ...]]) -> None:
         if self.postgres:
             await self._write_postgres(rows)
         else:

@@ -44,7 +44,8 @@ from bus import (
     StepCompleteContext,
 )
 from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
-from bus.aggregation import Outcome, apply_modes
+from bus.aggregation import Outcome, shadowed_answers
+from bus.breakglass import BreakGlass
 from bus.events import HookContext, session_of, tool_of
 
 __all__ = [
@@ -399,12 +400,27 @@ class AuditLogHook(AgentHook):
         )
 
     def record_shadowed(
-        self, session_id: str, event: str, tool_name: str | None, answer: ShadowedAnswer
+        self,
+        session_id: str,
+        event: str,
+        tool_name: str | None,
+        answer: ShadowedAnswer,
+        breakglass: str = "",
     ) -> None:
-        """Queue a ``WARN``/``DRYRUN`` row: what a hook not yet enforcing would have done."""
+        """Queue a ``WARN``/``DRYRUN`` row: what a hook not yet enforcing would have done
+        (under a break-glass bypass, with its reason)."""
         detail = f"{answer.hook_name}: {answer.detail}"
+        if breakglass:
+            detail += f" [break-glass: {breakglass}]"
         row = (session_id, event, tool_name, answer.mode.upper(), detail[:AUDIT_PREVIEW_CHARS], 0)
         self._submit((*row, _utc_now()))
+
+    def record_breakglass(self, glass: BreakGlass, on: bool) -> None:
+        """Queue a ``BREAKGLASS_ON``/``BREAKGLASS_OFF`` row: who, why, until when."""
+        until = dt.datetime.fromtimestamp(glass.until_ms / 1000, dt.UTC).isoformat()
+        detail = f"{glass.by}: {glass.reason} (until {until})"
+        status = "BREAKGLASS_ON" if on else "BREAKGLASS_OFF"
+        self._submit(("", "", None, status, detail[:AUDIT_PREVIEW_CHARS], 0, _utc_now()))
 
     async def flush(self) -> None:
         """Wait until every write submitted so far (and any submitted meanwhile) is done.
@@ -476,13 +492,25 @@ class BuiltinRegistry(HookRegistry):
     def _audit_shadowed(
         self, event: HookEvent, ctx: HookContext, outcomes: Sequence[Outcome], seconds: float
     ) -> None:
-        """Answers held back by ``warn``/``dryrun`` hooks go to the audit log as well."""
-        if all(o.spec.mode == "enforce" for o in outcomes):
+        """Answers held back by ``warn``/``dryrun`` hooks (or a break-glass bypass) go to the
+        audit log as well."""
+        shadowed = shadowed_answers(event, outcomes)
+        if not shadowed:
             return
-        _, shadowed, _ = apply_modes(event, outcomes, dt.datetime.now(dt.UTC))
         tool, _ = tool_of(ctx)
+        glass = self.breakglass.reason if self.breakglass is not None else ""
         for answer in shadowed:
-            self.audit_log.record_shadowed(session_of(ctx), event.value, tool, answer)
+            self.audit_log.record_shadowed(session_of(ctx), event.value, tool, answer, glass)
+
+    def break_glass(self, reason: str, seconds: float, by: str = "agent") -> BreakGlass:
+        glass = super().break_glass(reason, seconds, by)
+        self.audit_log.record_breakglass(glass, on=True)
+        return glass
+
+    def end_break_glass(self) -> None:
+        if self.breakglass is not None:
+            self.audit_log.record_breakglass(self.breakglass, on=False)
+        super().end_break_glass()
 
     def close(self) -> None:
         """Close the audit log (waits for its pending writes)."""

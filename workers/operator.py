@@ -24,9 +24,22 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from bus.breakglass import BreakGlass, switch
+from bus.coordinator import AUDIT_MAXLEN
 from bus.errors import HookBusError, InvalidInputError
 from bus.keys import WORKERS_GROUP, Keys, check_name
-from bus.protocol import DATA_FIELD, PROTOCOL_VERSION, EventMessage, HookManifest, decode, now_ms
+from bus.protocol import (
+    DATA_FIELD,
+    PROTOCOL_VERSION,
+    AuditRecord,
+    ControlMessage,
+    EventMessage,
+    HookManifest,
+    decode,
+    encode,
+    new_id,
+    now_ms,
+)
 from bus.retention import HARD_CAP_FACTOR
 
 _DATA = DATA_FIELD.encode()
@@ -393,6 +406,52 @@ async def purge_dead_letters(
 
 
 # -- metrics ----------------------------------------------------------------------------------
+
+
+# -- break-glass --------------------------------------------------------------------------------
+
+
+async def _announce_breakglass(
+    redis: Redis, keys: Keys, glass: BreakGlass, mode: str, by: str
+) -> None:
+    """The audit record of a switch, and the announcement that makes coordinators see it now."""
+    record = AuditRecord(
+        id=new_id(),
+        ts=now_ms(),
+        kind="breakglass",
+        mode=mode,
+        detail=glass.reason,
+        by=by,
+        until_ms=glass.until_ms,
+    )
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.xadd(keys.audit, {DATA_FIELD: encode(record)}, maxlen=AUDIT_MAXLEN, approximate=True)
+        pipe.publish(keys.control, encode(ControlMessage(type="breakglass")))
+        await pipe.execute()
+
+
+async def breakglass_on(
+    redis: Redis, keys: Keys, reason: str, seconds: float, by: str
+) -> BreakGlass:
+    """Switch the bypass on for ``seconds`` (``{p}:breakglass`` with a TTL), recorded."""
+    glass = switch(reason, seconds, by, now_ms())
+    await redis.set(keys.breakglass, encode(glass), px=glass.until_ms - glass.since_ms)
+    await _announce_breakglass(redis, keys, glass, "on", by)
+    return glass
+
+
+async def breakglass_off(redis: Redis, keys: Keys, by: str) -> BreakGlass | None:
+    """Switch the bypass off (recorded); the bypass that was on, or None."""
+    glass = await breakglass_status(redis, keys)
+    await redis.delete(keys.breakglass)
+    if glass is not None:
+        await _announce_breakglass(redis, keys, glass, "off", by)
+    return glass
+
+
+async def breakglass_status(redis: Redis, keys: Keys) -> BreakGlass | None:
+    data = await redis.get(keys.breakglass)
+    return None if data is None else decode(data, BreakGlass)
 
 
 async def collect_metrics(redis: Redis, keys: Keys) -> dict[str, dict[str, str]]:
