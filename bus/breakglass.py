@@ -55,9 +55,7 @@ def switch(reason: str, seconds: float, by: str, now_ms: int) -> BreakGlass:
     if not reason.strip():
         raise ConfigError("break-glass needs a reason (it goes to the audit trail)")
     if not 0 < seconds <= MAX_SECS:
-        raise ConfigError(
-            f"break-glass lasts more than 0 s and at most {MAX_SECS} s, not {seconds:g}"
-        )
+        raise ConfigError(f"break-glass lasts from 0 s up to {MAX_SECS} s, not {seconds:g}")
     return BreakGlass(
         reason=reason.strip(), by=by, since_ms=now_ms, until_ms=now_ms + int(seconds * 1000)
     )

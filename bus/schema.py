@@ -90,6 +90,12 @@ def asyncapi() -> dict[str, Any]:
                       "`coordinators`)", ["DecisionRequest"]),
         "hooks": ("hookbus:hooks", "Hook manifests (hash: name → manifest)", ["HookManifest"]),
         "control": ("hookbus:control", "Announcements (pub/sub)", ["ControlMessage"]),
+        "audit": ("hookbus:audit",
+                  "The audit trail: answers not applied (warn, dryrun, break-glass) and "
+                  "break-glass switches (stream; followed by the audit log hook)", ["AuditRecord"]),
+        "breakglass": ("hookbus:breakglass",
+                       "The break-glass switch (string with a TTL, set by operators)",
+                       ["BreakGlass"]),
     }  # fmt: skip
     operations = {
         "publishEvent": ("send", "events"),
@@ -100,12 +106,16 @@ def asyncapi() -> dict[str, Any]:
         "askCoordinator": ("send", "decisions"),
         "registerHook": ("send", "hooks"),
         "announce": ("send", "control"),
+        "recordAudit": ("send", "audit"),
+        "followAudit": ("receive", "audit"),
+        "breakGlass": ("send", "breakglass"),
     }
     components = {
         name: {"name": name, "contentType": "application/json",
                "payload": {"$ref": f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/{name}.json"}}
         for name in ("EventMessage", "HookRequest", "HookReply", "HookManifest",
-                     "DecisionRequest", "DecisionReply", "ControlMessage")
+                     "DecisionRequest", "DecisionReply", "ControlMessage", "AuditRecord",
+                     "BreakGlass")
     }  # fmt: skip
     return {
         "asyncapi": "3.0.0",

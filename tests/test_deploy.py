@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -393,14 +395,18 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         assert tail.wait(30) == 0, (tmp_path / "tail.out").read_text()
 
         # An agent in another language (redis-cli) asks the coordinator service.
-        shell = subprocess.run(
-            ["bash", str(ROOT / "examples" / "shell" / "pretooluse.sh"), "file_read",
-             '{"path":"app/.env"}'],
-            env={**env, "REDIS_URL": agent}, capture_output=True, text=True, timeout=60,
-            check=False,
-        )  # fmt: skip
-        assert shell.returncode == 0, (shell.stdout, shell.stderr)
-        assert json.loads(shell.stdout)["result"]["action"]["type"] == "Block"
+        def shell_decision() -> str:
+            shell = subprocess.run(
+                ["bash", str(ROOT / "examples" / "shell" / "pretooluse.sh"), "file_read",
+                 '{"path":"app/.env"}'],
+                env={**env, "REDIS_URL": agent}, capture_output=True, text=True, timeout=60,
+                check=False,
+            )  # fmt: skip
+            assert shell.returncode == 0, (shell.stdout, shell.stderr)
+            action: str = json.loads(shell.stdout)["result"]["action"]["type"]
+            return action
+
+        assert shell_decision() == "Block"
         # A request nobody can answer: the coordinator dead-letters it.
         acl_redis.admin.xadd("hookbus:decisions", {"data": "not json"})
         until(lambda: acl_redis.admin.xlen("hookbus:dlq"), "a dead letter", 20, acl_redis.denied)
@@ -416,6 +422,20 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         hookbus(operator, "replay", "AsyncMetricsHook", "--from", "-", "--to", "+")
         hookbus(operator, "dlq", "purge", "--yes")
         hookbus(operator, "cancel", "some-session")
+        # Break-glass: the operator switches it on, SecretGuard only warns, the audit log hook
+        # records the switch; then off, and SecretGuard blocks again.
+        hookbus(operator, "breakglass", "on", "--reason", "acl test", "--for", "5m")
+        until(lambda: shell_decision() == "Continue", "break-glass", 30, acl_redis.denied)
+        assert "acl test" in hookbus(operator, "breakglass", "status").stdout
+        hookbus(operator, "breakglass", "off")
+        until(lambda: shell_decision() == "Block", "enforcement again", 30, acl_redis.denied)
+
+        def audited() -> bool:
+            with contextlib.closing(sqlite3.connect(tmp_path / "audit.db")) as db:
+                query = "SELECT status FROM agent_audit_events WHERE status LIKE 'BREAKGLASS%'"
+                return len(db.execute(query).fetchall()) == 2
+
+        until(audited, "break-glass in the audit log", 30, acl_redis.denied)
 
         # Every health check, as the role that runs it and as the operator.
         for url in (acl_redis.url("worker"), operator):
@@ -488,6 +508,9 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
     # Nor can a hook change how hooks are applied (modes) or forge decisions or cancellations.
     assert refused("worker", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
     assert refused("worker", "XADD", "hookbus:decisions", "*", "data", "forged") is noperm
+    for role in ("agent", "worker", "coordinator"):  # only an operator may break the glass
+        assert refused(role, "SET", "hookbus:breakglass", "{}") is noperm
+        assert refused(role, "DEL", "hookbus:breakglass") is noperm
     assert refused("coordinator", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
     assert refused("coordinator", "DEL", "hookbus:events") is noperm
     assert refused("operator", "DEL", "hookbus:hooks") is noperm
