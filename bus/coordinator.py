@@ -61,6 +61,8 @@ from bus.settings import BusSettings, HookSettings
 log = logging.getLogger("hookbus.coordinator")
 #: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
 AUDIT_MAXLEN = 100_000
+#: The longest a dispatch waits to learn a new session's own hooks.
+SESSION_LOOKUP_SECS = 0.5
 # The event this task is dispatching: its id (requests name it) and its context already encoded
 # (encoded once per dispatch, not once per hook).
 _dispatch: ContextVar[tuple[str, object, msgspec.Raw | None]] = ContextVar(
@@ -248,10 +250,17 @@ class Coordinator(EventRunner):
     async def _session_targets(self, session_id: str) -> list[Any]:
         names = self._session_hooks.get(session_id)
         if names is None:
-            try:
-                members = await self.redis.smembers(self.keys.session_hooks(session_id))
-            except RedisError:
-                members = set()
+            try:  # bounded: a frozen Redis must not hold the dispatch
+                async with asyncio.timeout(SESSION_LOOKUP_SECS):
+                    members = await self.redis.smembers(self.keys.session_hooks(session_id))
+            except (RedisError, OSError, TimeoutError) as exc:
+                # Not cached: asked again at the session's next event. Until then the session's
+                # own hooks are unknown (Redis is out of reach: their requests could not be
+                # sent either); the global hooks and their failure policies still apply.
+                log.warning(
+                    "session hooks of %s unknown (%r); dispatching without", session_id, exc
+                )
+                return []
             names = frozenset(m.decode() if isinstance(m, bytes) else str(m) for m in members)
             if len(self._session_hooks) > 10_000:
                 self._session_hooks.clear()

@@ -178,15 +178,26 @@ async def run_targets(
             pending[future] = (i, deadline, t0, timeout)
             if sequential:
                 if after_start is not None:
-                    await after_start()
+                    await _within(after_start, deadline)
                 await _collect(event, targets, outcomes, pending, loop)
     finally:
         _inside_hook.reset(inside)
     if pending:
         if after_start is not None:
-            await after_start()
+            await _within(after_start, min(p[1] for p in pending.values()))
         await _collect(event, targets, outcomes, pending, loop)
     return outcomes  # type: ignore[return-value]  # every slot is filled by now
+
+
+async def _within(step: Callable[[], Awaitable[None]], deadline: float) -> None:
+    """Run ``step`` (a transport sending the requests) but not past the dispatch's first
+    deadline: a transport that hangs (a frozen Redis) must not hold the dispatch past it. What
+    it did not send is never answered, and times out below."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await step()
+    except TimeoutError:
+        pass
 
 
 async def _collect(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bus import HookEvent
+from bus import AsyncAgentHook, HookEvent
 from bus.errors import ProtocolError
 from bus.protocol import decode, decode_context
 from bus.schema import MESSAGES
@@ -88,9 +89,20 @@ async def _entry_points(settings: BusSettings) -> Any:
 
     worker = HookWorker(Scripted(HookConfig(name="Fuzz")), settings)
     async_worker = AsyncHookWorker(ScriptedAsync(AsyncConfig(name="FuzzAsync")), settings)
+    trail_worker = AsyncHookWorker(Trail(), settings)
     service = CoordinatorService(settings)
     coordinator = Coordinator(settings)
-    return worker, async_worker, service, coordinator
+    return worker, async_worker, trail_worker, service, coordinator
+
+
+class Trail(AsyncAgentHook):
+    """Follows the audit trail (as the audit log hook does)."""
+
+    name = "FuzzTrail"
+    follows_audit_trail = True
+
+    async def on_audit(self, records: Sequence[Any]) -> None:
+        assert all(r.kind in ("shadowed", "breakglass") for r in records)
 
 
 @settings(
@@ -100,22 +112,23 @@ async def _entry_points(settings: BusSettings) -> Any:
 )
 @given(data=st.lists(payloads, min_size=1, max_size=5))
 def test_service_entry_points_never_crash(bus_settings: BusSettings, data: list[bytes]) -> None:
-    """1,500 batches (≈4,500 messages) into the sync worker, the async worker, the coordinator's
-    inbox and the coordinator service: all handled, none raises."""
+    """1,500 batches (≈4,500 messages) into the sync worker, the async worker (events and the
+    audit trail), the coordinator's inbox and the coordinator service: all handled, none
+    raises."""
 
     async def feed() -> None:
-        worker, async_worker, service, coordinator = await _entry_points(bus_settings)
+        worker, async_worker, trail, service, coordinator = await _entry_points(bus_settings)
         try:
             for i, payload in enumerate(data):
                 fields = {b"data": payload}
                 await worker._handle(f"1-{i}".encode(), fields)
                 await service._answer(f"1-{i}".encode(), fields)
                 coordinator._deliver(payload)
-            await async_worker.process(
-                "events", [(f"1-{i}".encode(), {b"data": p}) for i, p in enumerate(data)]
-            )
+            entries = [(f"1-{i}".encode(), {b"data": p}) for i, p in enumerate(data)]
+            await async_worker.process("events", entries)
+            await trail.process(trail.keys.audit, entries)
         finally:
-            for redis in (worker.redis, async_worker.redis, service.redis):
+            for redis in (worker.redis, async_worker.redis, trail.redis, service.redis):
                 await redis.aclose()
 
     asyncio.run(feed())

@@ -10,13 +10,13 @@ handling events. Redis is SIGKILLed mid-stream and restarted on the same directo
   cache. The loss is measured against that bound and reported.
 
 Either way every event that survived is handled by Ledger, every decision taken while Redis was
-down fails closed within its deadline, and no tool runs unchecked.
+down fails closed within its deadline, and no tool runs unchecked. A frozen Redis (SIGSTOP: the
+connections stay open, nothing answers) holds no decision past its deadline either.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -27,17 +27,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from agent_adapter.client import HookClient
-from agent_adapter.executor import ToolExecutor
-from agent_adapter.llm import call
-from agent_adapter.permissions import ToolKind
-from agent_adapter.tools import Tool, Toolbox
 from bus import HookEvent, HookSettings
 from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
 from bus.testing import context
-from tests.chaos.conftest import Ledger
-from tests.chaos.test_chaos_sync import GUARD_TIMEOUT, SLACK, Services, reconcile_async
+from tests.chaos.conftest import Freezer, Ledger
+from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live
 from workers.redis_server import RedisServer
 
@@ -79,11 +75,8 @@ async def publish_until(
     return refused
 
 
-async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
-    aof_redis: tuple[str, RedisServer], procs: Processes, ledger: Ledger, tmp_path: Path
-) -> None:
-    fsync, server = aof_redis
-    settings = BusSettings(
+def private_settings(server: RedisServer) -> BusSettings:
+    return BusSettings(
         redis_url=server.url,
         prefix="chaos",
         heartbeat_secs=0.2,
@@ -91,41 +84,23 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
         claim_idle_secs=0.5,
         refresh_secs=0.2,
     )
+
+
+async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
+    aof_redis: tuple[str, RedisServer], procs: Processes, ledger: Ledger, tmp_path: Path
+) -> None:
+    fsync, server = aof_redis
+    settings = private_settings(server)
     keys = Keys(settings.prefix)
     services = Services(procs, settings, tmp_path)
-    ran: list[dict[str, Any]] = []
-
-    async def act(args: dict[str, Any]) -> str:
-        ran.append(dict(args))
-        return "done"
-
-    toolbox = Toolbox([Tool("act", "", ToolKind.READ, {"x": int}, act)])
-    latencies: list[float] = []
-    outcomes = {"checked": 0, "blocked (fail closed)": 0}
     acked: dict[str, float] = {}
     publisher = Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=1)
     async with HookClient(settings, HookSettings(hook_timeout_secs=GUARD_TIMEOUT)) as client:
         await wait_live(client, "Guard", replicas=2)
         await wait_for(lambda: "Ledger" in client.directory.async_hooks, what="Ledger")
-        client.observers.append(
-            lambda event, ctx, o, secs: (
-                latencies.append(secs) if event is HookEvent.PRE_TOOL_USE else None
-            )
-        )
-        executor = ToolExecutor(client, toolbox)
+        load = GuardedAgents(client)
         stop = asyncio.Event()
-
-        async def agent(n: int) -> None:
-            for i in itertools.count(1):
-                if stop.is_set():
-                    return
-                result = await executor.execute_parallel(f"s{n}", [call("act", x=i)], step=i)
-                if any(b.hook_name == "Guard" for b in result.blocking_errors):
-                    outcomes["blocked (fail closed)"] += 1
-                else:
-                    outcomes["checked"] += 1
-
-        tasks = [asyncio.create_task(agent(n)) for n in range(4)]
+        agents = asyncio.create_task(load.run(4, stop))
         publishing = asyncio.create_task(publish_until(publisher, keys, stop, acked))
         await asyncio.sleep(BEFORE)  # load before the crash (a duration, not a synchronisation)
         server.kill()
@@ -135,14 +110,14 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
         await asyncio.sleep(AFTER)  # load after the restart
         stop.set()
         refused = await publishing
-        await asyncio.gather(*tasks)
+        await agents
         await publisher.aclose()
 
         entries = await client.redis.xrange(keys.events)
         present = {msgspec.json.decode(fields[b"data"])["id"] for _, fields in entries}
         lost = [i for i in acked if i not in present]
         window = [i for i, t in acked.items() if killed_at - EVERYSEC_BOUND <= t <= killed_at]
-        async_figures = await reconcile_async(client.redis, keys, services)
+        async_figures = await services.reconcile(client.redis, keys)
 
     ledger.add(
         appendfsync=fsync,
@@ -150,17 +125,42 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
         **{"acknowledged then lost": len(lost)},
         **({"bound (acked in the last 2 s)": len(window)} if fsync == "everysec" else {}),
         **async_figures,
-        decisions=sum(outcomes.values()),
-        **outcomes,
-        **{"tool runs unchecked": sum(a != {"x": -1} for a in ran)},
-        **{"dispatch max (s)": f"{max(latencies):.3f} (deadline {GUARD_TIMEOUT:g} s)"},
+        **load.figures(),
     )  # fmt: skip
     assert refused > 0, "the publisher never saw the outage"
-    assert acked and outcomes["checked"] > 0
+    assert acked
     if fsync == "always":
         assert lost == []
     else:
         assert set(lost) <= set(window)
-    assert outcomes["blocked (fail closed)"] > 0, "no decision was taken while Redis was down"
-    assert all(args == {"x": -1} for args in ran), "a tool ran without Guard's answer"
-    assert max(latencies) <= GUARD_TIMEOUT + SLACK, sorted(latencies)[-5:]
+    assert load.outcomes[load.BLOCKED] > 0, "no decision was taken while Redis was down"
+    load.check()
+
+
+async def test_a_frozen_redis_holds_no_decision_past_its_deadline(
+    procs: Processes, freezer: Freezer, ledger: Ledger, tmp_path: Path
+) -> None:
+    """Redis SIGSTOPped for 2.5 s under load: connections stay open but nothing answers.
+    Every decision still ends within its deadline (failing closed), and service resumes."""
+    with RedisServer() as server:
+        settings = private_settings(server)
+        Services(procs, settings, tmp_path, ledgers=0)
+        async with HookClient(settings, HookSettings(hook_timeout_secs=GUARD_TIMEOUT)) as client:
+            await wait_live(client, "Guard", replicas=2)
+            load = GuardedAgents(client)
+            stop = asyncio.Event()
+            agents = asyncio.create_task(load.run(4, stop))
+            await asyncio.sleep(BEFORE)  # load before the freeze
+            assert server.proc is not None
+            freezer.freeze(server.proc)
+            await asyncio.sleep(2.5)  # the freeze's duration
+            frozen_decisions = load.outcomes[load.BLOCKED]
+            freezer.thaw(server.proc)
+            checked_before = load.outcomes["checked"]
+            await wait_for(lambda: load.outcomes["checked"] > checked_before + 100, 30,
+                           "decisions to be checked again after the thaw")  # fmt: skip
+            stop.set()
+            await agents
+    ledger.add(faults="1x SIGSTOP redis-server 2.5s", **load.figures())
+    assert frozen_decisions > 0, "no decision was taken while Redis was frozen"
+    load.check()

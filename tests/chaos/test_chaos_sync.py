@@ -26,60 +26,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
-from agent_adapter.executor import ToolExecutor
-from agent_adapter.llm import call
-from agent_adapter.permissions import ToolKind
-from agent_adapter.tools import Tool, Toolbox
-from bus import HookEvent, HookSettings, MutateInput
+from bus import HookSettings
 from bus.keys import COORDINATORS_GROUP, Keys
 from bus.protocol import new_id, now_ms
 from bus.settings import BusSettings
 from tests.chaos.conftest import Freezer, Ledger
+from tests.chaos.load import GUARD_TIMEOUT, PRE, SLACK, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live, worker_env
-from tests.remote_hooks import AsyncConfig, HookConfig
 
 pytestmark = pytest.mark.timeout(240)
 
-PRE = HookEvent.PRE_TOOL_USE
-GUARD_TIMEOUT = 1.0
-SLACK = 1.0  # event-loop lag on a loaded two-core machine; the figure is reported
 LOAD_SECS = float(os.environ.get("HOOKBUS_CHAOS_SECS", "16"))
 AGENTS = 8
-GUARD = HookConfig(
-    name="Guard",
-    events=[PRE],
-    answers={PRE.value: MutateInput(updated_args={"x": -1})},
-    timeout=GUARD_TIMEOUT,
-    failure_policy="fail",
-)
-
-
-class Services:
-    """The hook services of one test, restartable by role."""
-
-    def __init__(self, procs: Processes, settings: BusSettings, tmp: Path) -> None:
-        self.procs, self.settings = procs, settings
-        self.handled = tmp / "handled.txt"
-        self.handled.touch()
-        self.guards = [self.guard() for _ in range(2)]
-        self.ledgers = [self.ledger() for _ in range(2)]
-
-    def guard(self) -> Any:
-        return self.procs.scripted(self.settings, GUARD)
-
-    def ledger(self) -> Any:
-        config = AsyncConfig(name="Ledger", record=str(self.handled))
-        return self.procs.worker(
-            self.settings,
-            "tests.remote_hooks:ScriptedAsync",
-            "ledger",
-            HOOKBUS_TEST_ASYNC=msgspec.json.encode(config).decode(),
-        )
 
 
 async def fault_schedule(
@@ -92,6 +54,10 @@ async def fault_schedule(
         if stop.is_set():
             return
         injected.append(await fault())
+
+
+def summary(injected: list[str]) -> str:
+    return ", ".join(f"{injected.count(f)}x {f}" for f in dict.fromkeys(injected))
 
 
 def kill_and_restart(group: list[Any], index: int, start: Callable[[], Any], what: str) -> Any:
@@ -115,63 +81,16 @@ def freeze_for(freezer: Freezer, group: list[Any], index: int, secs: float, what
     return fault
 
 
-async def published_events(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
-    entries = await redis.xrange(keys.events)
-    return [json.loads(fields[b"data"]) for _, fields in entries]
-
-
-async def reconcile_async(redis: Redis, keys: Keys, services: Services) -> dict[str, int]:
-    """Every published event handled at least once by Ledger (after the faults stop)."""
-    events = await published_events(redis, keys)
-    wanted = {e["id"] for e in events}
-
-    def missing() -> set[str]:
-        return wanted - set(services.handled.read_text().split())
-
-    await wait_for(lambda: not missing(), 60, "Ledger to handle every published event")
-    handled = services.handled.read_text().split()
-    return {
-        "events published": len(wanted),
-        "handled (incl. redeliveries)": len(handled),
-        "redelivered after kills": len(handled) - len(set(handled)),
-        "PreToolUse events published": sum(e["event"] == PRE.value for e in events),
-    }
-
-
 async def test_a_fail_hook_never_lets_a_tool_run_unchecked_while_workers_die_and_freeze(
     bus_settings: BusSettings, procs: Processes, freezer: Freezer, ledger: Ledger, tmp_path: Path
 ) -> None:
     services = Services(procs, bus_settings, tmp_path)
-    ran: list[dict[str, Any]] = []
-
-    async def act(args: dict[str, Any]) -> str:
-        ran.append(dict(args))
-        return "done"
-
-    toolbox = Toolbox([Tool("act", "", ToolKind.READ, {"x": int}, act)])
-    latencies: list[float] = []
-    outcomes = {"checked": 0, "blocked by Guard's failure policy": 0}
     injected: list[str] = []
-
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=GUARD_TIMEOUT)) as client:
         await wait_live(client, "Guard", replicas=2)
         await wait_for(lambda: "Ledger" in client.directory.async_hooks, what="Ledger")
-        client.observers.append(
-            lambda event, ctx, o, secs: latencies.append(secs) if event is PRE else None
-        )
-        executor = ToolExecutor(client, toolbox)
+        load = GuardedAgents(client)
         stop = asyncio.Event()
-
-        async def agent(n: int) -> None:
-            for i in itertools.count(1):
-                if stop.is_set():
-                    return
-                result = await executor.execute_parallel(f"s{n}", [call("act", x=i)], step=i)
-                if any(b.hook_name == "Guard" for b in result.blocking_errors):
-                    outcomes["blocked by Guard's failure policy"] += 1
-                else:
-                    outcomes["checked"] += 1
-
         faults = [
             freeze_for(freezer, services.guards, 0, 2.5, "Guard replica"),
             kill_and_restart(services.guards, 1, services.guard, "Guard replica"),
@@ -181,30 +100,17 @@ async def test_a_fail_hook_never_lets_a_tool_run_unchecked_while_workers_die_and
             kill_and_restart(services.ledgers, 1, services.ledger, "Ledger replica"),
         ]
         schedule = asyncio.create_task(fault_schedule(faults, stop, injected))
-        agents = [asyncio.create_task(agent(n)) for n in range(AGENTS)]
+        agents = asyncio.create_task(load.run(AGENTS, stop))
         await asyncio.sleep(LOAD_SECS)  # the load's duration, not a synchronisation
         stop.set()
-        await asyncio.gather(schedule, *agents)
+        await asyncio.gather(schedule, agents)
         await client.drain()
-        async_figures = await reconcile_async(client.redis, client.keys, services)
+        async_figures = await services.reconcile(client.redis, client.keys)
 
-    calls = sum(outcomes.values())
-    ledger.add(
-        faults=", ".join(f"{injected.count(f)}x {f}" for f in dict.fromkeys(injected)),
-        calls=calls,
-        **outcomes,
-        **{"tool runs": len(ran), "tool runs unchecked": sum(a != {"x": -1} for a in ran)},
-        **{"dispatch p50 / max (s)": f"{sorted(latencies)[len(latencies) // 2]:.4f} / "
-           f"{max(latencies):.3f} (deadline {GUARD_TIMEOUT:g} s)"},
-        **async_figures,
-    )  # fmt: skip
+    ledger.add(faults=summary(injected), **load.figures(), **async_figures)
     assert len(injected) >= 6, injected
-    assert outcomes["checked"] > 0
-    assert all(args == {"x": -1} for args in ran), "a tool ran without Guard's answer"
-    assert len(ran) == outcomes["checked"]
-    assert len(latencies) == calls
-    assert max(latencies) <= GUARD_TIMEOUT + SLACK, sorted(latencies)[-5:]
-    assert async_figures["PreToolUse events published"] == calls
+    load.check()
+    assert async_figures["PreToolUse events published"] == sum(load.outcomes.values())
 
 
 async def test_foreign_agents_are_answered_while_coordinators_die_and_freeze(
@@ -296,13 +202,13 @@ async def test_foreign_agents_are_answered_while_coordinators_die_and_freeze(
             return all(g["pending"] == 0 for g in ours)
 
         await wait_for(nothing_pending, 30, "every decision request to be answered or dropped")
-        async_figures = await reconcile_async(redis, keys, services)
+        async_figures = await services.reconcile(redis, keys)
     finally:
         await redis.aclose()
 
     took_over = procs.logs().count("took over decision request")
     ledger.add(
-        faults=", ".join(f"{injected.count(f)}x {f}" for f in dict.fromkeys(injected)),
+        faults=summary(injected),
         requests=sum(outcomes.values()) + len(unchecked),
         **outcomes,
         **{"unchecked": len(unchecked), "taken over from a silent replica": took_over},
