@@ -38,9 +38,8 @@ from tests.chaos.conftest import Freezer, Ledger
 from tests.chaos.load import GUARD_TIMEOUT, PRE, SLACK, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live, worker_env
 
-pytestmark = pytest.mark.timeout(240)
-
 LOAD_SECS = float(os.environ.get("HOOKBUS_CHAOS_SECS", "16"))
+pytestmark = pytest.mark.timeout(LOAD_SECS + 200)
 AGENTS = 8
 
 
