@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.report import PAGE, write_figures
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS_IMG = ROOT / "docs" / "img"
@@ -632,6 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     if copied:
         print(f"copied for docs/performance.md to {DOCS_IMG}", flush=True)
     print(f"summary written to {RESULTS / 'summary.json'}", flush=True)
+    if not quick:
+        try:
+            if write_figures(RESULTS, PAGE):
+                print(f"figures written to {PAGE}", flush=True)
+        except (KeyError, TypeError, ValueError) as exc:  # an older or partial result file
+            print(f"  {PAGE.name}: not updated, a result file lacks what it needs ({exc!r})")
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import plots
+from bench import plots, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ALL_PLOTS = {
@@ -121,7 +121,10 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
                     "scenario": key,
                     "label": key,
                     "events_per_sec": 100_000.0 * ratio,
+                    "best_events_per_sec": 110_000.0 * ratio,
                     "ratio_to_floor": ratio,
+                    "consumer_cpu_us_per_event": 4.0 / ratio,
+                    "cpu_ratio_to_floor": ratio,
                     "trials": [{"events_per_sec": k * 100_000 * ratio} for k in (0.9, 1, 1.1)],
                 }
                 for key, ratio in (("floor", 1.0), ("hookbus", 0.8), ("hookbus_batches", 0.9))
@@ -136,6 +139,10 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
                 "paced": {"think_ms": 20, "think": "10-30 ms"},
             },
             "results": concurrency_rows,
+            "growth": {
+                loop: {s: {"p50": 32.0, "p99": 32.0} for s in ("shared", "each", "floor")}
+                for loop in ("closed", "paced")
+            },
             "target": {
                 "series": ["shared", "each"],
                 "agents": 32,
@@ -154,19 +161,27 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
     }
 
 
+PAGE = f"# Performance\n\nprose\n\n{report.BEGIN}\nold figures\n{report.END}\n\nmore prose\n"
+
+
 @pytest.fixture
 def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """Results and docs/img in a temporary directory: a test run replaces no real figures."""
+    """Results, docs/img and the performance page in a temporary directory: a test run
+    replaces no real figures."""
     results, img = tmp_path / "results", tmp_path / "docs" / "img"
     results.mkdir()
+    page = tmp_path / "docs" / "performance.md"
+    page.parent.mkdir()
+    page.write_text(PAGE, encoding="utf-8")
     monkeypatch.setattr(plots, "RESULTS", results)
     monkeypatch.setattr(plots, "DOCS_IMG", img)
+    monkeypatch.setattr(plots, "PAGE", page)
     return results, img
 
 
 def write(results: Path, found: dict[str, dict[str, Any]]) -> None:
-    for name, report in found.items():
-        (results / f"{name}.json").write_text(json.dumps(report), encoding="utf-8")
+    for name, found_report in found.items():
+        (results / f"{name}.json").write_text(json.dumps(found_report), encoding="utf-8")
 
 
 def assert_png(path: Path) -> None:
@@ -184,6 +199,7 @@ def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None
     for name in ALL_PLOTS:
         assert_png(results / name)
     assert not img.exists(), "quick figures must not replace the docs' plots"
+    assert (img.parent / "performance.md").read_text(encoding="utf-8") == PAGE
     summary = json.loads((results / "summary.json").read_text(encoding="utf-8"))
     assert summary["quick"] is True
     assert set(summary["sources"]) == set(plots.SOURCES)
@@ -214,6 +230,17 @@ def test_full_results_are_copied_for_the_docs_and_recorded_once(dirs: tuple[Path
     lines = (results / "history.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 1
     assert json.loads(lines[0])["ratios"]["sync.agent.1"] == 1.2
+    page = (img.parent / "performance.md").read_text(encoding="utf-8")
+    assert page.startswith("# Performance\n\nprose\n") and page.endswith("more prose\n")
+    assert "old figures" not in page
+    figures = page.split(report.BEGIN)[1].split(report.END)[0]
+    for heading in ("In-process dispatch", "Synchronous dispatch over Redis", "Command hooks",
+                    "Async hook throughput", "Concurrent agents", "Tracing"):  # fmt: skip
+        assert f"### {heading}" in figures
+    assert (
+        "| sync, agent | 1 hook, p50 | 300 µs | 250 µs floor | 1.20× | ≤ 1.3× | holds |" in figures
+    )
+    assert "| 1 | 300.0 | 900.0 | 250.0 | 700.0 | 1.20× | 1.10–1.30× |" in figures
 
 
 def test_missing_results_are_skipped(dirs: tuple[Path, Path]) -> None:

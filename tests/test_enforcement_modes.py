@@ -143,3 +143,44 @@ async def test_embedded_audit_log_records_dryrun_and_warn_answers(tmp_path: Path
         assert rows and rows[0]["output_preview"] == "Guard: would have blocked: no shell today"
     finally:
         registry.close()
+
+
+async def test_distributed_audit_log_records_dryrun_and_warn_answers(
+    bus_settings: Any, procs: Any, tmp_path: Path
+) -> None:
+    """Coordinators write held-back answers to the audit trail; the audit log hook service
+    stores them beside the events (one row each, whatever the redeliveries)."""
+    import contextlib
+    import sqlite3
+
+    from agent_adapter.client import HookClient
+    from bus import HookSettings
+    from tests.harness import wait_live
+
+    db = tmp_path / "audit.db"
+    procs.scripted(bus_settings, guard("dryrun"))
+    warner = HookConfig(name="Warner", enforcement="warn", answers={PRE: Block(reason="careful")})
+    procs.scripted(bus_settings, warner)
+    procs.worker(bus_settings, "workers.audit:AsyncAuditLogHook", "audit", HOOKBUS_AUDIT_DB=str(db))
+
+    def rows() -> list[tuple[str, str, str]]:
+        if not db.exists():
+            return []
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            try:
+                query = "SELECT status, session_id, output_preview FROM agent_audit_events"
+                return [r for r in conn.execute(query) if r[0] in ("DRYRUN", "WARN")]
+            except sqlite3.OperationalError:  # no table yet
+                return []
+
+    async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
+        await wait_live(client, "Guard", "Warner")
+        await wait_for(lambda: "AsyncAuditLogHook" in client.directory.async_hooks, what="audit")
+        ran, result = await run_tool(client)
+    assert ran == [{"x": 1}]
+    assert sorted(a.mode for a in result.shadowed) == ["dryrun", "warn"]
+    await wait_for(lambda: len(rows()) == 2, 20, "both held-back answers in the audit log")
+    assert sorted(rows()) == [
+        ("DRYRUN", "s1", "Guard: would have blocked: no shell today"),
+        ("WARN", "s1", "Warner: would have blocked: careful"),
+    ]
