@@ -26,8 +26,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import ResponseError
@@ -65,6 +65,12 @@ from bus.settings import BusSettings, HookSettings
 log = logging.getLogger("hookbus.async")
 FAILURE_TTL_SECS = 86_400
 _DATA = DATA_FIELD.encode()
+T = TypeVar("T")
+
+
+def _event_of(data: bytes) -> tuple[EventMessage, Any]:
+    message = decode(data, EventMessage)
+    return message, decode_context(message.event, message.context)
 
 
 class AsyncHookWorker:
@@ -221,21 +227,9 @@ class AsyncHookWorker:
         if stream == self.keys.audit:
             await self._process_audit(entries)
             return
-        acks: list[bytes] = []
-        dead: list[dict[Any, Any]] = []
+        decoded, dead, acks = self._decode(stream, entries, _event_of)
         todo: list[tuple[bytes, DeliveredEvent]] = []
-        for entry_id, fields in entries:
-            data = (fields or {}).get(_DATA)
-            try:
-                if data is None:
-                    raise ProtocolError(f"entry has no {DATA_FIELD!r} field", "$")
-                message = decode(data, EventMessage)
-                ctx = decode_context(message.event, message.context)
-            except ProtocolError as exc:
-                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
-                dead.append(dead_letter_entry(stream, str(exc), data or b"", **extra))
-                acks.append(entry_id)
-                continue
+        for entry_id, (message, ctx) in decoded:
             if not self._wants(message.event, ctx):
                 self.stats["skipped"] += 1
                 acks.append(entry_id)
@@ -266,19 +260,9 @@ class AsyncHookWorker:
 
     async def _process_audit(self, entries: Sequence[Entry]) -> None:
         """Hand audit records to ``on_audit`` in one call; all acknowledged or all retried."""
-        acks: list[bytes] = []
-        dead: list[dict[Any, Any]] = []
-        records: list[tuple[bytes, AuditRecord]] = []
-        for entry_id, fields in entries:
-            data = (fields or {}).get(_DATA)
-            try:
-                if data is None:
-                    raise ProtocolError(f"entry has no {DATA_FIELD!r} field", "$")
-                records.append((entry_id, decode(data, AuditRecord)))
-            except ProtocolError as exc:
-                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
-                dead.append(dead_letter_entry(self.keys.audit, str(exc), data or b"", **extra))
-                acks.append(entry_id)
+        records, dead, acks = self._decode(
+            self.keys.audit, entries, lambda data: decode(data, AuditRecord)
+        )
         failures: dict[bytes, str] = {}
         if records:
             why = await self._call(self.hook.on_audit([r for _, r in records]), None)
@@ -287,7 +271,29 @@ class AsyncHookWorker:
             else:
                 acks.extend(entry_id for entry_id, _ in records)
         self.stats["dead_lettered"] += len(dead)
+        if dead:
+            telemetry.count_dead_letters(self.group, len(dead))
         await self._settle(self.keys.audit, acks, dead, failures)
+
+    def _decode(
+        self, stream: str, entries: Sequence[Entry], parse: Callable[[bytes], T]
+    ) -> tuple[list[tuple[bytes, T]], list[dict[Any, Any]], list[bytes]]:
+        """Each entry's message, parsed; one that does not parse becomes a dead letter with its
+        reason (and is acknowledged). Returns (parsed, dead letters, acknowledgements)."""
+        parsed: list[tuple[bytes, T]] = []
+        dead: list[dict[Any, Any]] = []
+        acks: list[bytes] = []
+        for entry_id, fields in entries:
+            data = (fields or {}).get(_DATA)
+            try:
+                if data is None:
+                    raise ProtocolError(f"entry has no {DATA_FIELD!r} field", "$")
+                parsed.append((entry_id, parse(data)))
+            except ProtocolError as exc:
+                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
+                dead.append(dead_letter_entry(stream, str(exc), data or b"", **extra))
+                acks.append(entry_id)
+        return parsed, dead, acks
 
     def _wants(self, event: Any, ctx: Any) -> bool:
         if not self.spec.subscribes(event):
