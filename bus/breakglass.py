@@ -6,7 +6,8 @@ reason (``hookbus breakglass on --reason … --for 15m``). While it is on, each 
 ``enforce`` mode is applied as in ``warn`` mode: its Block or Deny, or its ``fail`` policy,
 becomes a warning for the agent, and each such answer is recorded in the audit trail with the
 bypass's reason. Hooks keep running and answering; ``dryrun`` hooks stay ``dryrun``. Permission
-rules are not hooks: a P0–P2 Deny still holds. The bypass ends by itself at ``until_ms``.
+rules are not hooks: a P0–P2 Deny still holds; nor is a cancellation (the CancellationHook is
+left alone). The bypass ends by itself at ``until_ms``.
 
 Pure: the transports read the switch (``{p}:breakglass`` or ``HookRegistry.break_glass``) and
 hand it here.
@@ -65,11 +66,16 @@ def is_on(glass: BreakGlass | None, now_ms: int) -> bool:
     return glass is not None and glass.since_ms <= now_ms < glass.until_ms
 
 
+#: Hooks the bypass leaves alone: cancellation is a person stopping a session, not a policy.
+NEVER_BYPASSED = frozenset({"CancellationHook"})
+
+
 def bypass(targets: Sequence[Any]) -> list[Any]:
-    """``targets`` as the bypass applies them: every ``enforce`` hook in ``warn`` mode."""
+    """``targets`` as the bypass applies them: every ``enforce`` hook in ``warn`` mode (but
+    the ``NEVER_BYPASSED`` ones)."""
     return [
         t
-        if t.spec.mode != "enforce"
+        if t.spec.mode != "enforce" or t.spec.name in NEVER_BYPASSED
         else _Bypassed(msgspec.structs.replace(t.spec, mode="warn"), t.order, t.endpoint)
         for t in targets
     ]

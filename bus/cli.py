@@ -371,7 +371,7 @@ def _breakglass(args: argparse.Namespace) -> int:
             print(
                 f"break-glass is ON until {until(on.until_ms)}: every enforcing hook is "
                 "applied as a warning (recorded in the audit trail); P0-P2 permission denials "
-                "still hold. End it with: hookbus breakglass off"
+                "still hold, and so do cancellations. End it with: hookbus breakglass off"
             )
         elif args.switch == "off":
             was = await breakglass_off(redis, keys, args.by)

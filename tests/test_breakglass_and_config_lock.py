@@ -161,6 +161,10 @@ async def test_break_glass_embedded_warns_instead_of_blocking_records_it_and_end
         done = await executor.execute_parallel("s1", [call("act", x=1)], step=1)
         assert ran == [] and done.denials[0].level == 0  # a P0 Deny still holds
 
+        registry.cancellation.cancelled.add("s2")  # a person cancels a session meanwhile
+        stopped = await registry.run_pre_tool_use(context(PRE, session_id="s2", tool_name="act"))
+        assert [b.hook_name for b in stopped.blocking_errors] == ["CancellationHook"]
+
         registry.end_break_glass()
         assert (await registry.run_pre_tool_use(ctx)).blocking_errors
         registry.break_glass("short one", 0.05)

@@ -10,6 +10,7 @@ certificate files travel in the URL (redis-py's ``ssl_ca_certs``, ``ssl_certfile
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -81,6 +82,7 @@ class TlsRedis:
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     binary = find_redis_server()
     assert binary, "needs a redis-server binary"
+    assert shutil.which("openssl"), "the TLS test needs the openssl command (apt install openssl)"
     certs = tmp_path_factory.mktemp("certs")
     make_ca(certs, "ca")
     make_ca(certs, "stranger")
