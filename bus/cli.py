@@ -457,6 +457,20 @@ def _dlq_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_list(args: argparse.Namespace) -> int:
+    from workers.operator import list_audit, make_console, render_audit
+
+    if args.limit <= 0:
+        raise _usage("--limit must be a positive number of entries")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        records, broken = await list_audit(redis, keys, args.limit)
+        make_console().print(render_audit(records, broken, keys))
+
+    _with_redis(args, work)
+    return 0
+
+
 def _dlq_show(args: argparse.Namespace) -> int:
     from workers.operator import check_stream_id, get_dead_letter, make_console, render_dead_letter
 
@@ -784,6 +798,16 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--event", action="append", metavar="E", help="only this event name")
     tail.add_argument("--count", type=int, metavar="N", help="exit after N matching events")
     tail.set_defaults(func=_events_tail)
+
+    audit = sub.add_parser("audit", help="the audit trail: answers held back, break-glass")
+    audit_sub = audit.add_subparsers(dest="action", required=True, metavar="ACTION")
+    audit_list = with_redis(
+        audit_sub.add_parser(
+            "list", help="the newest records: warn/dryrun/break-glass answers, break-glass switches"
+        )
+    )
+    audit_list.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (50)")
+    audit_list.set_defaults(func=_audit_list)
 
     dlq = sub.add_parser("dlq", help="the dead-letter stream")
     dlq_sub = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")

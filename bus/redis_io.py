@@ -121,7 +121,11 @@ async def consume(
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
             continue
-        await handle(entries)
+        try:
+            await handle(entries)
+        except UNREACHABLE as exc:  # lost while handling: what was not acknowledged stays
+            log.warning("Redis unreachable while handling %s (%s); retrying", stream, exc)
+            await asyncio.sleep(backoff)
 
 
 async def keep_and_claim(

@@ -245,3 +245,50 @@ async def test_nogroup_is_recreated_and_logged(
         assert "recreating it" in procs.logs()
     finally:
         await redis.aclose()
+
+
+async def test_redis_lost_mid_batch_does_not_stop_the_worker(
+    bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    """The connection drops while a batch is being settled: the worker logs it and goes on;
+    the batch, never acknowledged, is handled again (at least once)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from tests.remote_hooks import ScriptedAsync
+    from workers.async_worker import AsyncHookWorker
+
+    record = tmp_path / "seen.txt"
+    worker = AsyncHookWorker(
+        ScriptedAsync(AsyncConfig(name="Sturdy", record=str(record))), bus_settings
+    )
+    real_settle, failures = worker._settle, []
+
+    async def settle_once_broken(*args: Any) -> None:
+        if not failures:
+            failures.append(args)
+            raise RedisConnectionError("Connection closed by server.")
+        await real_settle(*args)
+
+    worker._settle = settle_once_broken  # type: ignore[method-assign]
+    keys, redis = Keys(bus_settings.prefix), Redis.from_url(bus_settings.redis_url)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await wait_for(worker.registered.is_set, what="the worker to register")
+        payload = event(3)
+        await publish(redis, keys, [payload])
+        message_id = msgspec.json.decode(payload)["id"]
+
+        async def settled() -> bool:
+            groups = await redis.xinfo_groups(keys.events)
+            mine = [g for g in groups if g["name"] == b"Sturdy"]
+            return bool(mine) and mine[0]["pending"] == 0 and mine[0]["lag"] == 0
+
+        await wait_for(settled, 30, "the batch to be handled again and acknowledged")
+        assert failures and not running.done()
+        assert list(recorded(record)) == [message_id]  # handled twice, one id
+        assert record.read_text().split().count(message_id) == 2
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await redis.aclose()

@@ -184,8 +184,9 @@ async def test_break_glass_embedded_warns_instead_of_blocking_records_it_and_end
 
 
 def hookbus(settings: BusSettings, *args: str) -> str:
+    env = worker_env(settings, COLUMNS="250", NO_COLOR="1")
     out = subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args], env=worker_env(settings), cwd=ROOT,
+        [sys.executable, "-m", "bus.cli", *args], env=env, cwd=ROOT,
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -261,6 +262,14 @@ async def test_break_glass_and_shadowed_answers_reach_the_audit_log_over_the_bus
     )
     dry = next(r for r in rows if r[0] == "DRYRUN")
     assert dry[2] == "Guard: would have blocked: no"
+
+    trail = hookbus(bus_settings, "audit", "list").splitlines()
+    assert any("break-glass on" in line and "alice" in line and "incident 42" in line
+               for line in trail), trail  # fmt: skip
+    assert any("break-glass off" in line for line in trail), trail
+    assert any(" warn " in line and "Guard" in line and "[break-glass: incident 42]" in line
+               for line in trail), trail  # fmt: skip
+    assert any(" dryrun " in line and "would have blocked: no" in line for line in trail), trail
 
 
 def test_breakglass_refuses_no_reason_and_overlong_bypasses(bus_settings: BusSettings) -> None:

@@ -427,6 +427,7 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         hookbus(operator, "breakglass", "on", "--reason", "acl test", "--for", "5m")
         until(lambda: shell_decision() == "Continue", "break-glass", 30, acl_redis.denied)
         assert "acl test" in hookbus(operator, "breakglass", "status").stdout
+        assert "break-glass on" in hookbus(operator, "audit", "list").stdout
         hookbus(operator, "breakglass", "off")
         until(lambda: shell_decision() == "Block", "enforcement again", 30, acl_redis.denied)
 

@@ -196,8 +196,15 @@ class AsyncHookWorker:
                 await asyncio.sleep(0.5)
                 continue
             for stream, entries in batches:
-                async with self._busy:
-                    await self.process(stream, entries)
+                try:
+                    async with self._busy:
+                        await self.process(stream, entries)
+                except UNREACHABLE as exc:  # lost mid-batch: what was not acknowledged stays
+                    log.warning(
+                        "Redis unreachable mid-batch (%s); its entries will be retried", exc
+                    )
+                    await asyncio.sleep(0.5)
+                    break
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
         """The next batch: re-fed entries and audit records first (checked twice a second),

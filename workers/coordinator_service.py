@@ -11,6 +11,7 @@ goes to the dead-letter stream otherwise; the service never stops because of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -143,7 +144,8 @@ class CoordinatorService:
         if timeout <= 0:
             self.stats["expired"] += 1
             log.info("decision request %s expired before it was read; dropped", request.id)
-            await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+            with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
+                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
             return
         # Every hook of this dispatch must answer within what the agent will wait, so that a
         # slow hook is skipped under its failure policy rather than failing the whole decision.

@@ -454,6 +454,20 @@ async def breakglass_status(redis: Redis, keys: Keys) -> BreakGlass | None:
     return None if data is None else decode(data, BreakGlass)
 
 
+async def list_audit(redis: Redis, keys: Keys, limit: int) -> tuple[list[AuditRecord], int]:
+    """The newest ``limit`` audit-trail records, oldest first, and how many entries did not
+    decode (shown as a count: the audit log hook dead-letters them)."""
+    raw: Any = await redis.xrevrange(keys.audit, count=limit)
+    records: list[AuditRecord] = []
+    broken = 0
+    for _, fields in reversed(raw):
+        try:
+            records.append(decode((fields or {}).get(_DATA, b""), AuditRecord))
+        except HookBusError:
+            broken += 1
+    return records, broken
+
+
 async def collect_metrics(redis: Redis, keys: Keys) -> dict[str, dict[str, str]]:
     """Hook name → the figures in its ``{p}:metrics:{name}`` hash."""
     prefix = keys.metrics("")
@@ -600,6 +614,26 @@ def render_dead_letters(
         return table
     note = Text(f"showing the {len(letters)} newest; raise --limit to see more")
     return Group(table, note)
+
+
+def render_audit(records: list[AuditRecord], broken: int, keys: Keys) -> RenderableType:
+    if not records and not broken:
+        return Text(f"nothing in the audit trail {keys.audit}")
+    table = _table(f"audit trail {keys.audit}", "time", "what", "hook / by", "event", "session")
+    table.add_column("tool")
+    table.add_column("detail", overflow="ellipsis", no_wrap=True, max_width=80)
+    for r in records:
+        if r.kind == "breakglass":
+            what = f"break-glass {r.mode}"
+            detail = r.detail + (f" (until {_clock(r.until_ms)})" if r.mode == "on" else "")
+            _row(table, _clock(r.ts), what, r.by, "", "", "", detail, style="bold red")
+            continue
+        detail = r.detail + (f" [break-glass: {r.breakglass}]" if r.breakglass else "")
+        event = r.event.value if r.event is not None else ""
+        _row(table, _clock(r.ts), r.mode, r.hook, event, r.session_id, r.tool_name, detail)
+    if not broken:
+        return table
+    return Group(table, Text(f"{broken} entries could not be read (not AuditRecords)"))
 
 
 def render_dead_letter(letter: DeadLetter) -> RenderableType:
