@@ -42,21 +42,28 @@ class HookClient(Coordinator):
                 self.keys.control, encode(ControlMessage(type="session", session_id=session_id))
             )
             await pipe.execute()
-        self.forget_session(session_id)
+        self.session_changed(
+            session_id, self._session_hooks.get(session_id, frozenset()) | {hook_name}
+        )
 
     async def remove_session_hook(self, session_id: str, hook_name: str) -> bool:
         check_outside_hooks("remove_session_hook()")
         removed = await self.redis.srem(self.keys.session_hooks(session_id), hook_name)
-        await self._announce_session(session_id)
+        await self._announce_session(
+            session_id, self._session_hooks.get(session_id, frozenset()) - {hook_name}
+        )
         return bool(removed)
 
     async def clear_session_hooks(self, session_id: str) -> None:
         check_outside_hooks("clear_session_hooks()")
         await self.redis.delete(self.keys.session_hooks(session_id))
-        await self._announce_session(session_id)
+        await self._announce_session(session_id, frozenset())
 
-    async def _announce_session(self, session_id: str) -> None:
-        self.forget_session(session_id)
+    def _known(self, session_id: str) -> frozenset[str]:
+        return self._session_hooks.get(session_id, frozenset())
+
+    async def _announce_session(self, session_id: str, known: frozenset[str]) -> None:
+        self.session_changed(session_id, known)
         await self.redis.publish(
             self.keys.control, encode(ControlMessage(type="session", session_id=session_id))
         )

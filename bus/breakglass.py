@@ -24,7 +24,7 @@ import msgspec
 from bus.errors import ConfigError
 from bus.hooks import HookSpec
 
-__all__ = ["MAX_SECS", "BreakGlass", "bypass", "is_on", "switch"]
+__all__ = ["MAX_SECS", "BreakGlass", "apply", "bypass", "is_on", "switch"]
 
 #: The longest a bypass may last: it must be renewed, with a reason, to go on.
 MAX_SECS = 86_400
@@ -70,12 +70,26 @@ def is_on(glass: BreakGlass | None, now_ms: int) -> bool:
 NEVER_BYPASSED = frozenset({"CancellationHook"})
 
 
-def bypass(targets: Sequence[Any]) -> list[Any]:
-    """``targets`` as the bypass applies them: every ``enforce`` hook in ``warn`` mode (but
-    the ``NEVER_BYPASSED`` ones)."""
-    return [
-        t
-        if t.spec.mode != "enforce" or t.spec.name in NEVER_BYPASSED
-        else _Bypassed(msgspec.structs.replace(t.spec, mode="warn"), t.order, t.endpoint)
-        for t in targets
-    ]
+def bypass(targets: Sequence[Any]) -> tuple[list[Any], frozenset[str]]:
+    """``targets`` as the bypass applies them — every ``enforce`` hook in ``warn`` mode (but the
+    ``NEVER_BYPASSED`` ones) — and the names of the hooks it softened."""
+    applied: list[Any] = []
+    softened: set[str] = set()
+    for t in targets:
+        if t.spec.mode != "enforce" or t.spec.name in NEVER_BYPASSED:
+            applied.append(t)
+            continue
+        applied.append(_Bypassed(msgspec.structs.replace(t.spec, mode="warn"), t.order, t.endpoint))
+        softened.add(t.spec.name)
+    return applied, frozenset(softened)
+
+
+def apply(
+    glass: BreakGlass | None, targets: Sequence[Any], now_ms: int
+) -> tuple[Sequence[Any], str, frozenset[str]]:
+    """The targets of one dispatch under the switch ``glass`` (None: off), the bypass's reason
+    ("" when off) and the hooks it softened (their held-back answers carry the reason)."""
+    if glass is None or not is_on(glass, now_ms):
+        return targets, "", frozenset()
+    applied, softened = bypass(targets)
+    return applied, glass.reason, softened

@@ -27,10 +27,9 @@ from typing import Any, cast
 import msgspec
 from redis.exceptions import RedisError
 
-from bus import telemetry
+from bus import breakglass, telemetry
 from bus.actions import ShadowedAnswer
-from bus.aggregation import Outcome, shadowed_answers
-from bus.breakglass import BreakGlass, bypass, is_on
+from bus.aggregation import Outcome
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, ProtocolError
@@ -61,6 +60,8 @@ from bus.settings import BusSettings, HookSettings
 log = logging.getLogger("hookbus.coordinator")
 #: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
 AUDIT_MAXLEN = 100_000
+#: The most unsent messages kept for the next flush while Redis hangs.
+REQUEUE_LIMIT = 10_000
 #: The longest a dispatch waits to learn a new session's own hooks.
 SESSION_LOOKUP_SECS = 0.5
 # The event this task is dispatching: its id (requests name it) and its context already encoded
@@ -107,6 +108,7 @@ class Coordinator(EventRunner):
         self._flushing = False
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
         self._session_hooks: dict[str, frozenset[str]] = {}
+        self._stale_sessions: set[str] = set()
         self._local: dict[HookEvent, list[Any]] = {e: [] for e in HookEvent}
         self._tasks: list[asyncio.Task[Any]] = []
         self._wake = asyncio.Event()
@@ -155,38 +157,32 @@ class Coordinator(EventRunner):
     async def gather(
         self, event: HookEvent, ctx: HookContext, *, sequential: bool = False
     ) -> list[Outcome]:
+        started = asyncio.get_running_loop().time()  # a slow session lookup counts too
         name, args = tool_of(ctx)
         session = await self._session_targets(session_of(ctx))
         candidates: list[Any] = self.directory.by_event[event]
         if self._local[event]:
             candidates = sorted([*self._local[event], *candidates], key=lambda t: t.order)
         targets = select(event, candidates, session, name, args)
-        glass = self.directory.breakglass
-        if glass is not None and is_on(glass, now_ms()):
-            targets = bypass(targets)
+        applied, reason, softened = breakglass.apply(self.directory.breakglass, targets, now_ms())
         outcomes = await run_targets(
             event,
             ctx,
-            targets,
+            applied,
             self.settings.hook_timeout_secs,
             sequential=sequential,
             after_start=self._flush,
+            started=started,
         )
-        if shadowed := shadowed_answers(event, outcomes):
-            self._record_shadowed(event, ctx, shadowed, glass)
+        self._note_held_back(event, ctx, outcomes, reason, softened)
         return outcomes
 
-    def _record_shadowed(
-        self,
-        event: HookEvent,
-        ctx: HookContext,
-        shadowed: Sequence[ShadowedAnswer],
-        glass: BreakGlass | None,
+    def held_back(
+        self, event: HookEvent, ctx: HookContext, answers: Sequence[tuple[ShadowedAnswer, str]]
     ) -> None:
         """Queue one audit record per answer not applied (sent with the next flush)."""
         tool, _ = tool_of(ctx)
-        reason = glass.reason if glass is not None and is_on(glass, now_ms()) else ""
-        for answer in shadowed:
+        for answer, reason in answers:
             record = AuditRecord(
                 id=new_id(),
                 ts=now_ms(),
@@ -249,22 +245,8 @@ class Coordinator(EventRunner):
 
     async def _session_targets(self, session_id: str) -> list[Any]:
         names = self._session_hooks.get(session_id)
-        if names is None:
-            try:  # bounded: a frozen Redis must not hold the dispatch
-                async with asyncio.timeout(SESSION_LOOKUP_SECS):
-                    members = await self.redis.smembers(self.keys.session_hooks(session_id))
-            except (RedisError, OSError, TimeoutError) as exc:
-                # Not cached: asked again at the session's next event. Until then the session's
-                # own hooks are unknown (Redis is out of reach: their requests could not be
-                # sent either); the global hooks and their failure policies still apply.
-                log.warning(
-                    "session hooks of %s unknown (%r); dispatching without", session_id, exc
-                )
-                return []
-            names = frozenset(m.decode() if isinstance(m, bytes) else str(m) for m in members)
-            if len(self._session_hooks) > 10_000:
-                self._session_hooks.clear()
-            self._session_hooks[session_id] = names
+        if names is None or session_id in self._stale_sessions:
+            names = await self._read_session_hooks(session_id, names)
         if not names:
             return []
         by_name = self.directory.by_name
@@ -272,8 +254,38 @@ class Coordinator(EventRunner):
             _Missing(n, self._endpoint(n)) for n in names if n not in by_name
         ]
 
+    async def _read_session_hooks(
+        self, session_id: str, known: frozenset[str] | None
+    ) -> frozenset[str]:
+        """The session's hook names from Redis, within ``SESSION_LOOKUP_SECS`` (the time counts
+        against the dispatch's deadlines). If Redis does not answer, the names known before
+        stand; a session never read before goes without its own hooks this once (logged)."""
+        try:
+            async with asyncio.timeout(SESSION_LOOKUP_SECS):
+                members = await self.redis.smembers(self.keys.session_hooks(session_id))
+        except (RedisError, OSError, TimeoutError) as exc:
+            if known is None:
+                log.warning("session hooks of %s unknown (%r); going without", session_id, exc)
+            return known or frozenset()
+        names = frozenset(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        if len(self._session_hooks) > 10_000:
+            self._session_hooks.clear()
+            self._stale_sessions.clear()
+        self._session_hooks[session_id] = names
+        self._stale_sessions.discard(session_id)
+        return names
+
+    def session_changed(self, session_id: str, known: frozenset[str] | None = None) -> None:
+        """The session's hook set changed: read it again at its next event (``known``, or the
+        set read before, stands in if Redis does not answer then)."""
+        if known is not None:
+            self._session_hooks[session_id] = known
+        self._stale_sessions.add(session_id)
+
     def forget_session(self, session_id: str) -> None:
+        """The session is over: drop what is known of its hooks."""
         self._session_hooks.pop(session_id, None)
+        self._stale_sessions.discard(session_id)
 
     # -- the remote endpoint ------------------------------------------------------------------
 
@@ -350,7 +362,27 @@ class Coordinator(EventRunner):
             self._flushing = False
             batch, self._outbox = self._outbox, []
             if batch:
-                await self._send(batch)
+                try:
+                    await self._send(batch)
+                except asyncio.CancelledError:
+                    self._requeue(batch)
+                    raise
+
+    def _still_waited(self, request_id: str) -> bool:
+        future = self._waiting.get(request_id)
+        return future is not None and not future.done()
+
+    def _requeue(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
+        """A send cut short (a dispatch's deadline passed while Redis hung): keep its events and
+        audit records, and the requests someone still waits for, for the next flush. Part of it
+        may have gone out already: at least once, as everywhere on the bus."""
+        kept = [item for item in batch if item[3] is None or self._still_waited(item[3])]
+        if len(kept) + len(self._outbox) > REQUEUE_LIMIT:
+            dropped = min(len(kept), len(kept) + len(self._outbox) - REQUEUE_LIMIT)
+            self.stats["publish_failures"] += dropped
+            log.warning("Redis is not taking messages; %d unsent ones dropped", dropped)
+            kept = kept[dropped:]
+        self._outbox[:0] = kept
 
     async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
         try:
@@ -437,7 +469,7 @@ class Coordinator(EventRunner):
                         log.warning("ignoring a malformed control message: %s", exc)
                         continue
                     if note.type == "session":
-                        self.forget_session(note.session_id)
+                        self.session_changed(note.session_id)
                     else:
                         self._wake.set()
             except (RedisError, OSError) as exc:

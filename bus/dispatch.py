@@ -149,13 +149,15 @@ async def run_targets(
     *,
     sequential: bool = False,
     after_start: Callable[[], Awaitable[None]] | None = None,
+    started: float | None = None,
 ) -> list[Outcome]:
     """Call every target, in parallel (or one at a time), each under its own timeout.
 
     Returns one outcome per target, in the order of ``targets``. Never raises for a hook's
     failure: timeouts, crashes and unreachable endpoints become failed outcomes.
     ``after_start`` runs once the hooks are started and before waiting on them (a transport
-    sends every request of the dispatch there, in one round trip).
+    sends every request of the dispatch there, in one round trip). ``started`` (event-loop
+    time) is when the dispatch began, if earlier than now: the hooks' timeouts count from it.
     """
     if not targets:
         return []
@@ -163,13 +165,14 @@ async def run_targets(
     cap = deadline_cap.get()
     outcomes: list[Outcome | None] = [None] * len(targets)
     pending: dict[asyncio.Future[Any], _Pending] = {}
+    base = loop.time() if started is None else started
     inside = _inside_hook.set(True)  # the hooks started below (and their tasks) are inside
     try:
         for i, target in enumerate(targets):
             timeout = target.spec.timeout or default_timeout
-            deadline = loop.time() + timeout
+            deadline = base + timeout
             if cap is not None and cap < deadline:
-                deadline, timeout = cap, max(0.0, cap - loop.time())
+                deadline, timeout = cap, max(0.0, cap - base)
             done, state = _start(event, ctx, target, deadline, loop)
             if done:
                 outcomes[i] = state

@@ -111,7 +111,11 @@ async def consume(
         except ResponseError as exc:
             if group_lost(exc):
                 log.warning("%s or its group %s vanished; recreating it", stream, group)
-                await recreate()
+                try:
+                    await recreate()
+                except UNREACHABLE as lost:  # tried again at the next read
+                    log.warning("could not recreate %s (%s); retrying", group, lost)
+                    await asyncio.sleep(backoff)
             else:
                 log.error("Redis refused a read of %s (%s); retrying", stream, exc)
                 await asyncio.sleep(backoff)

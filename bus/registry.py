@@ -19,9 +19,10 @@ from typing import Any
 
 import msgspec
 
+from bus import breakglass
 from bus.actions import NotifyResult
 from bus.aggregation import Outcome
-from bus.breakglass import BreakGlass, bypass, is_on, switch
+from bus.breakglass import BreakGlass, switch
 from bus.dispatch import Endpoint, check_outside_hooks, enter_hook, run_targets
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, SessionStopContext, session_of, tool_of
@@ -195,11 +196,13 @@ class HookRegistry(EventRunner):
         session = self._session_hooks.get(session_of(ctx), ())
         name, args = tool_of(ctx)
         targets = select(event, self._event_index[event], session, name, args)
-        if self.breakglass is not None and is_on(self.breakglass, time.time_ns() // 1_000_000):
-            targets = bypass(targets)
-        return await run_targets(
-            event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential
+        now = time.time_ns() // 1_000_000
+        applied, reason, softened = breakglass.apply(self.breakglass, targets, now)
+        outcomes = await run_targets(
+            event, ctx, applied, self.settings.hook_timeout_secs, sequential=sequential
         )
+        self._note_held_back(event, ctx, outcomes, reason, softened)
+        return outcomes
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         targets = self._async_index[event]

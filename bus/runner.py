@@ -21,6 +21,7 @@ from bus.actions import (
     PermissionRequestResult,
     PostToolUseResult,
     PreToolUseResult,
+    ShadowedAnswer,
     SkippedHook,
 )
 from bus.aggregation import (
@@ -29,6 +30,7 @@ from bus.aggregation import (
     aggregate_permission_request,
     aggregate_post_tool_use,
     aggregate_pre_tool_use,
+    shadowed_answers,
 )
 from bus.errors import ContextTypeError
 from bus.events import (
@@ -104,6 +106,25 @@ class EventRunner(abc.ABC):
     @abc.abstractmethod
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Start the async (fire-and-forget) hooks for this event without waiting."""
+
+    def held_back(
+        self, event: HookEvent, ctx: HookContext, answers: Sequence[tuple[ShadowedAnswer, str]]
+    ) -> None:
+        """Answers not applied as given — by ``warn`` or ``dryrun`` hooks, or under a break-glass
+        bypass (then with its reason, else "") — for an audit log. Nothing by default."""
+        return None
+
+    def _note_held_back(
+        self,
+        event: HookEvent,
+        ctx: HookContext,
+        outcomes: Sequence[Outcome],
+        reason: str,
+        softened: frozenset[str],
+    ) -> None:
+        if shadowed := shadowed_answers(event, outcomes):
+            tagged = [(a, reason if a.hook_name in softened else "") for a in shadowed]
+            self.held_back(event, ctx, tagged)
 
     # -- shared machinery --------------------------------------------------------------------
 

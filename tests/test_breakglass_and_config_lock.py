@@ -233,15 +233,17 @@ async def test_break_glass_and_shadowed_answers_reach_the_audit_log_over_the_bus
         result = await wait_for(bypassed, 10, "the coordinator to see the break-glass")
         assert [(s.hook_name, s.mode) for s in result.shadowed] == [("Guard", "warn")]
 
-        # A broken switch never switches enforcement off: it is ignored (and logged).
-        hookbus(bus_settings, "breakglass", "off", "--by", "alice")
+        # A broken switch never switches enforcement off: while the bypass is on, the switch is
+        # overwritten with something else; it is ignored (logged) and enforcement comes back.
         await client.redis.set(client.keys.breakglass, b"not json", px=60_000)
 
         async def enforced() -> bool:
             return bool((await client.run_pre_tool_use(ctx)).blocking_errors)
 
         await wait_for(enforced, 10, "enforcement to come back")
-        await client.redis.delete(client.keys.breakglass)
+        assert "holds something else" in hookbus(bus_settings, "breakglass", "status")
+        assert "enforced" in hookbus(bus_settings, "breakglass", "off", "--by", "alice")
+        assert await client.redis.exists(client.keys.breakglass) == 0
 
         # dryrun: not applied, recorded.
         hookbus(bus_settings, "hooks", "mode", "Guard", "dryrun")

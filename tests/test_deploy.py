@@ -430,6 +430,10 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         assert "break-glass on" in hookbus(operator, "audit", "list").stdout
         hookbus(operator, "breakglass", "off")
         until(lambda: shell_decision() == "Block", "enforcement again", 30, acl_redis.denied)
+        hookbus(operator, "hooks", "mode", "SecretGuard", "warn")
+        until(lambda: shell_decision() == "Continue", "warn mode", 30, acl_redis.denied)
+        hookbus(operator, "hooks", "mode", "SecretGuard", "enforce")
+        until(lambda: shell_decision() == "Block", "enforce mode", 30, acl_redis.denied)
 
         def audited() -> bool:
             with contextlib.closing(sqlite3.connect(tmp_path / "audit.db")) as db:

@@ -117,6 +117,8 @@ class AsyncHookWorker:
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
         self._next_replay_check = 0.0
+        self._sides_due = False  # a side stream had a backlog: check the sides next
+        self._events_due = False  # a side batch was just read: the events go next
         if telemetry.enabled():
             telemetry.meter.create_observable_gauge(
                 "hookbus.consumer.lag",
@@ -188,8 +190,9 @@ class AsyncHookWorker:
                     await asyncio.sleep(0.5)
                     continue
                 log.warning("events stream or group %s vanished; recreating it", self.group)
-                for stream in self.streams:
-                    await ensure_group(self.redis, stream, self.group, start="0")
+                with contextlib.suppress(*UNREACHABLE):  # else tried again at the next read
+                    for stream in self.streams:
+                        await ensure_group(self.redis, stream, self.group, start="0")
                 continue
             except UNREACHABLE as exc:
                 log.warning("Redis unreachable (%s); retrying", exc)
@@ -207,23 +210,25 @@ class AsyncHookWorker:
                     break
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
-        """The next batch: re-fed entries and audit records first (checked twice a second),
-        else new events.
-
-        One stream per command, so that the keys may live on different cluster slots.
-        """
+        """The next batch. The side streams (re-fed entries, the audit trail) are checked twice a
+        second; while one has a backlog, it and the events take turns, so neither waits on the
+        other. One stream per command, so that the keys may live on different cluster slots."""
         events, *sides = self.streams
-        if time.monotonic() >= self._next_replay_check:
+        if self._sides_due or time.monotonic() >= self._next_replay_check:
+            self._sides_due = False
             self._next_replay_check = time.monotonic() + 0.5
             for side in sides:
                 entries = await read_group(
                     self.redis, self.group, self.replica, side, count=self.batch_size, block_ms=None
                 )
                 if entries:
-                    self._next_replay_check = 0.0  # drain it before going on
+                    self._events_due = True
                     return [(side, entries)]
+        block = None if self._events_due else 200  # a side backlog is waiting: do not block
+        if self._events_due:
+            self._events_due, self._sides_due = False, True
         entries = await read_group(
-            self.redis, self.group, self.replica, events, count=self.batch_size, block_ms=200
+            self.redis, self.group, self.replica, events, count=self.batch_size, block_ms=block
         )
         return [(events, entries)] if entries else []
 

@@ -44,7 +44,6 @@ from bus import (
     StepCompleteContext,
 )
 from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
-from bus.aggregation import Outcome, shadowed_answers
 from bus.breakglass import BreakGlass
 from bus.events import HookContext, session_of, tool_of
 
@@ -487,20 +486,15 @@ class BuiltinRegistry(HookRegistry):
         self.audit_log = audit_log
         for hook in (cancellation, metrics_hook, audit_log):
             self.add(hook)
-        self.observers.append(self._audit_shadowed)
 
-    def _audit_shadowed(
-        self, event: HookEvent, ctx: HookContext, outcomes: Sequence[Outcome], seconds: float
+    def held_back(
+        self, event: HookEvent, ctx: HookContext, answers: Sequence[tuple[ShadowedAnswer, str]]
     ) -> None:
         """Answers held back by ``warn``/``dryrun`` hooks (or a break-glass bypass) go to the
         audit log as well."""
-        shadowed = shadowed_answers(event, outcomes)
-        if not shadowed:
-            return
         tool, _ = tool_of(ctx)
-        glass = self.breakglass.reason if self.breakglass is not None else ""
-        for answer in shadowed:
-            self.audit_log.record_shadowed(session_of(ctx), event.value, tool, answer, glass)
+        for answer, reason in answers:
+            self.audit_log.record_shadowed(session_of(ctx), event.value, tool, answer, reason)
 
     def break_glass(self, reason: str, seconds: float, by: str = "agent") -> BreakGlass:
         glass = super().break_glass(reason, seconds, by)

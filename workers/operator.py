@@ -26,7 +26,7 @@ from rich.text import Text
 
 from bus.breakglass import BreakGlass, switch
 from bus.coordinator import AUDIT_MAXLEN
-from bus.errors import HookBusError, InvalidInputError
+from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.keys import WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
@@ -411,10 +411,10 @@ async def purge_dead_letters(
 # -- break-glass --------------------------------------------------------------------------------
 
 
-async def _announce_breakglass(
+async def _record_breakglass(
     redis: Redis, keys: Keys, glass: BreakGlass, mode: str, by: str
 ) -> None:
-    """The audit record of a switch, and the announcement that makes coordinators see it now."""
+    """The audit record of a switch."""
     record = AuditRecord(
         id=new_id(),
         ts=now_ms(),
@@ -424,10 +424,14 @@ async def _announce_breakglass(
         by=by,
         until_ms=glass.until_ms,
     )
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.xadd(keys.audit, {DATA_FIELD: encode(record)}, maxlen=AUDIT_MAXLEN, approximate=True)
-        pipe.publish(keys.control, encode(ControlMessage(type="breakglass")))
-        await pipe.execute()
+    await redis.xadd(
+        keys.audit, {DATA_FIELD: encode(record)}, maxlen=AUDIT_MAXLEN, approximate=True
+    )
+
+
+async def _announce_breakglass(redis: Redis, keys: Keys) -> None:
+    """Make every coordinator re-read the switch now (they also do every refresh)."""
+    await redis.publish(keys.control, encode(ControlMessage(type="breakglass")))
 
 
 async def breakglass_on(
@@ -435,21 +439,31 @@ async def breakglass_on(
 ) -> BreakGlass:
     """Switch the bypass on for ``seconds`` (``{p}:breakglass`` with a TTL), recorded."""
     glass = switch(reason, seconds, by, now_ms())
+    await _record_breakglass(redis, keys, glass, "on", by)  # recorded before it takes effect
     await redis.set(keys.breakglass, encode(glass), px=glass.until_ms - glass.since_ms)
-    await _announce_breakglass(redis, keys, glass, "on", by)
+    await _announce_breakglass(redis, keys)
     return glass
 
 
 async def breakglass_off(redis: Redis, keys: Keys, by: str) -> BreakGlass | None:
     """Switch the bypass off (recorded); the bypass that was on, or None."""
-    glass = await breakglass_status(redis, keys)
+    data = await redis.get(keys.breakglass)
     await redis.delete(keys.breakglass)
-    if glass is not None:
-        await _announce_breakglass(redis, keys, glass, "off", by)
+    await _announce_breakglass(redis, keys)
+    if data is None:
+        return None
+    try:
+        glass = decode(data, BreakGlass)
+    except ProtocolError as exc:  # ignored by coordinators; cleared and recorded all the same
+        now = now_ms()
+        why = f"cleared a switch that held something else ({exc})"
+        glass = BreakGlass(reason=why, by=by, since_ms=now, until_ms=now)
+    await _record_breakglass(redis, keys, glass, "off", by)
     return glass
 
 
 async def breakglass_status(redis: Redis, keys: Keys) -> BreakGlass | None:
+    """The bypass that is on, or None; ProtocolError if the switch holds something else."""
     data = await redis.get(keys.breakglass)
     return None if data is None else decode(data, BreakGlass)
 

@@ -35,7 +35,7 @@ from bus.keys import COORDINATORS_GROUP, Keys
 from bus.protocol import new_id, now_ms
 from bus.settings import BusSettings
 from tests.chaos.conftest import Freezer, Ledger
-from tests.chaos.load import GUARD_TIMEOUT, PRE, SLACK, GuardedAgents, Services
+from tests.chaos.load import GUARD_TIMEOUT, PRE, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live, worker_env
 
 LOAD_SECS = float(os.environ.get("HOOKBUS_CHAOS_SECS", "16"))
@@ -218,4 +218,9 @@ async def test_foreign_agents_are_answered_while_coordinators_die_and_freeze(
     assert len(injected) >= 5, injected
     assert unchecked == []
     assert outcomes["checked"] > 0
-    assert max(waits) <= timeout_ms / 1000 + SLACK
+    # Requests held by the killed and frozen replicas were taken over and answered in time:
+    # an agent is left without an answer only by a takeover slower than its timeout.
+    assert took_over > 0, "no request was taken over from a silent replica"
+    assert outcomes["no answer in time"] <= 0.01 * sum(outcomes.values()), outcomes
+    # The service answers within ~95 % of timeout_ms; a takeover starts late but is capped too.
+    assert max(waits) <= timeout_ms / 1000 + 0.5, sorted(waits)[-5:]
