@@ -38,14 +38,9 @@ Usage: ``python -m bench.async_throughput [--quick]``; results go to
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import datetime as dt
 import os
-import platform
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,13 +53,12 @@ from typing import Any
 import msgspec
 import redis as redis_py
 
-from bench.common import progress, terminated, write_results
+from bench.common import Children, header, hookbus_env, progress, terminated, write_results
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
 from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
 
 MODULE = "bench.async_throughput"
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "async_throughput.json"
 TARGET_RATIO = 0.6
 CHUNK = 1000  # XADDs per pipeline
@@ -151,65 +145,6 @@ def payloads(n: int) -> list[bytes]:
     return out
 
 
-# -- child processes -------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the child gets SIGKILL if the benchmark dies without cleaning up."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class Children:
-    """Every process the benchmark starts, each logging to its own file; all killed at the end."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, label: str, args: list[str], env: dict[str, str]) -> int:
-        log = open(self.logdir / f"{label}.log", "wb")  # noqa: SIM115
-        try:
-            proc = self.procs[label] = subprocess.Popen(
-                [sys.executable, *args],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-        finally:
-            log.close()
-        return proc.pid
-
-    def check(self) -> None:
-        """Fail at once, with its log, if a child has exited."""
-        for label, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{label} exited with {proc.returncode}:\n{self.log(label)[-2000:]}"
-                )
-
-    def log(self, label: str) -> str:
-        path = self.logdir / f"{label}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def kill_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-        self.procs.clear()
-
-
-def hookbus_env(url: str, prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
-    return {**env, "HOOKBUS_REDIS_URL": url, "HOOKBUS_PREFIX": prefix}
-
-
 # -- the scenarios -----------------------------------------------------------------------------
 
 
@@ -221,7 +156,7 @@ class Scenario:
     label: str
     prefix: str
     groups: tuple[str, str]
-    commands: list[tuple[str, list[str], dict[str, str]]]  # (label, python args, env) each
+    commands: list[tuple[str, str, list[str], dict[str, str]]]  # (label, module, args, env)
     ready: Callable[[redis_py.Redis], bool]
     trials: list[dict[str, Any]] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
@@ -231,8 +166,8 @@ class Scenario:
         return f"{self.prefix}:events"
 
     def start(self, children: Children) -> None:
-        for label, args, env in self.commands:
-            self.pids.append(children.start(label, args, env))
+        for label, module, args, env in self.commands:
+            self.pids.append(children.start(label, module, args, env).pid)
 
 
 def hookbus_scenario(
@@ -244,7 +179,7 @@ def hookbus_scenario(
 ) -> Scenario:
     names = (hooks[0].name, hooks[1].name)
     commands = [
-        (f"{key}-{cls.__name__}", ["-m", "bus.cli", "worker", f"{MODULE}:{cls.__name__}"],
+        (f"{key}-{cls.__name__}", "bus.cli", ["worker", f"{MODULE}:{cls.__name__}"],
          hookbus_env(url, prefix))
         for cls in hooks
     ]  # fmt: skip
@@ -259,7 +194,7 @@ def floor_scenario(prefix: str, url: str) -> Scenario:
     groups = ("floor-a", "floor-b")
     ready_key = f"{prefix}:ready"
     commands = [
-        (f"floor-{g}", ["-m", "bench.async_floor", url, f"{prefix}:events", g, ready_key],
+        (f"floor-{g}", "bench.async_floor", [url, f"{prefix}:events", g, ready_key],
          dict(os.environ))
         for g in groups
     ]  # fmt: skip
@@ -445,16 +380,7 @@ def report(plan: Plan, all_: list[Scenario], size: float, server: str) -> dict[s
         )
     primary = next(row for row in rows if row["scenario"] == "hookbus")
     return {
-        "benchmark": "async_throughput",
-        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "quick": plan is QUICK,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": f"{platform.system()} {platform.machine()}",
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()]
-        if hasattr(os, "getloadavg")
-        else None,
+        **header("async_throughput", plan is QUICK),
         "redis_server": server,
         "redis_py": redis_py.__version__,
         "hiredis": bool(redis_py.utils.HIREDIS_AVAILABLE),
@@ -528,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             server_pid = server.proc.pid if server.proc is not None else -1
             result = run(plan, server.url, children, server_pid)
         finally:
-            children.kill_all()
+            children.stop()
             server.close()
             signal.signal(signal.SIGTERM, previous)
     progress(f"done in {time.monotonic() - started:.0f} s")

@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import gc
 import json
-import os
-import platform
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,15 +44,14 @@ from typing import Any
 import redis as redis_py
 
 from agent_adapter.client import HookClient
+from bench.common import ROOT, Children, header, hookbus_env
 from bench.sync_dispatch import (
     MODULE,
     NOOPS,
-    Children,
     _check,
     _hiredis,
     _ratio,
     context,
-    hookbus_env,
     percentiles,
     progress,
     quantiles,
@@ -68,7 +64,6 @@ from bus.settings import BusSettings, HookSettings
 
 HOOK_COUNTS = (1, 3)
 VARIANTS = ("hookbus", "python", "shell")
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve().parent / "command_hook.py"
 RESULTS = Path(__file__).resolve().parent / "results" / "command_hooks.json"
 CALL_TIMEOUT = 10.0  # seconds one command may take before the run fails
@@ -259,14 +254,7 @@ async def run(plan: Plan, url: str, children: Children) -> dict[str, Any]:
                 f"  ({r['ratio_to_hookbus_p50']:.1f}x hookbus)"
             )
     return {
-        "benchmark": "command_hooks",
-        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "quick": plan is QUICK,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": f"{platform.system()} {platform.machine()}",
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        **header("command_hooks", plan is QUICK),
         "redis_py": redis_py.__version__,
         "hiredis": _hiredis(),
         "rounds": plan.rounds,

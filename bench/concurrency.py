@@ -41,11 +41,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import gc
 import math
 import os
-import platform
 import random
 import statistics
 import sys
@@ -60,16 +58,15 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
+from bench.common import Children, header, hookbus_env
 from bench.floor_worker import fan_out, hook_request, requests_key
 from bench.sync_dispatch import (
     CALL_TIMEOUT,
     MODULE,
     NOOPS,
-    Children,
     _check,
     _hiredis,
     _ratio,
-    hookbus_env,
     percentiles,
     progress,
     quantiles,
@@ -342,14 +339,7 @@ async def run(plans: dict[str, Plan], url: str, children: Children) -> dict[str,
         for loop in plans
     }
     return {
-        "benchmark": "concurrency",
-        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "quick": plans is QUICK,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": f"{platform.system()} {platform.machine()}",
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        **header("concurrency", plans is QUICK),
         "redis_server": str(info.get("redis_version", "?")),
         "redis_py": redis_py.__version__,
         "hiredis": _hiredis(),

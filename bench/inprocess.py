@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import gc
 import math
-import platform
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +30,7 @@ from typing import Any
 
 import pluggy
 
-from bench.common import Plan, percentiles, write_results
+from bench.common import Plan, header, percentiles, write_results
 from bus.actions import CONTINUE, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
 from bus.hooks import AgentHook
@@ -245,12 +243,7 @@ async def run(plan: Plan) -> dict[str, Any]:
     secondary = await measure_suspending(SUSPENDING_HOOKS, plan)
     target_p50 = next(r["hookbus_p50_us"] for r in results if r["hooks"] == TARGET_HOOKS)
     return {
-        "benchmark": "inprocess",
-        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "quick": plan is QUICK,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": f"{platform.system()} {platform.machine()}",
+        **header("inprocess", plan is QUICK),
         "event_loop": f"{type(loop).__module__}.{type(loop).__name__}",
         "pluggy": pluggy.__version__,
         "warmup_calls": plan.warmup,

@@ -37,9 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common import ROOT
 from bench.report import PAGE, write_figures
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 DOCS_IMG = ROOT / "docs" / "img"
 SOURCES = (

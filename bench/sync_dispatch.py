@@ -34,14 +34,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import datetime as dt
 import gc
 import math
 import os
-import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +50,16 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
-from bench.common import Plan, percentiles, progress, terminated, write_results
+from bench.common import (
+    Children,
+    Plan,
+    header,
+    hookbus_env,
+    percentiles,
+    progress,
+    terminated,
+    write_results,
+)
 from bench.floor_worker import fan_out, hook_reply, hook_request, requests_key
 from bus.actions import CONTINUE, Continue, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
@@ -67,7 +72,6 @@ HOOK_COUNTS = (1, 3, 8)
 TARGET_HOOKS = (1, 3)
 TARGET_RATIO = 1.3
 MODULE = "bench.sync_dispatch"  # what worker processes import the hooks from (not __main__)
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "sync_dispatch.json"
 START_TIMEOUT = 30.0  # seconds for worker processes to come up
 CALL_TIMEOUT = 5  # seconds an agent waits for one answer before the run fails
@@ -117,18 +121,6 @@ def context() -> PreToolUseContext:
 
 # -- child processes -------------------------------------------------------------------------
 
-#: How every child starts: on Linux it first asks for SIGKILL when the benchmark dies (so that a
-#: benchmark killed without cleaning up leaves nothing behind), then runs its module.
-BOOT = """\
-import ctypes, runpy, signal, sys
-try:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-except Exception:
-    pass
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
 
 def _dying_with_us(binary: str, where: Path) -> str:
     """A wrapper that execs ``binary`` after the same PR_SET_PDEATHSIG request as BOOT's."""
@@ -146,66 +138,6 @@ def _dying_with_us(binary: str, where: Path) -> str:
     )
     wrapper.chmod(0o755)
     return str(wrapper)
-
-
-class Children:
-    """Every process the benchmark starts, each logging to its own file; all killed at the end."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(
-        self, label: str, module: str, args: list[str], env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        """Run ``python -m module args…`` from the repository root."""
-        log = open(self.logdir / f"{label}.log", "wb")  # noqa: SIM115
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", BOOT, module, *args],
-                cwd=ROOT,
-                env=dict(os.environ) if env is None else env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-        finally:
-            log.close()
-        self.procs[label] = proc
-        return proc
-
-    def check(self) -> None:
-        """Fail at once, with its log, if a child has exited."""
-        for label, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{label} exited with {proc.returncode}:\n{self.log(label)[-2000:]}"
-                )
-
-    def log(self, label: str) -> str:
-        path = self.logdir / f"{label}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def stop(self, labels: list[str] | None = None) -> None:
-        """Terminate the children named (all by default), then kill whichever lingers."""
-        chosen = {k: p for k, p in self.procs.items() if labels is None or k in labels}
-        for proc in chosen.values():
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 3
-        for proc in chosen.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for label in chosen:
-            del self.procs[label]
-
-
-def hookbus_env(url: str, prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
-    return {**env, "HOOKBUS_REDIS_URL": url, "HOOKBUS_PREFIX": prefix}
 
 
 # -- timing ----------------------------------------------------------------------------------
@@ -660,13 +592,7 @@ async def run(plan: Plan, url: str, children: Children, reference: bool) -> dict
     finally:
         await redis.aclose()
     return {
-        "benchmark": "sync_dispatch",
-        "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "quick": plan is QUICK,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": f"{platform.system()} {platform.machine()}",
-        "cpus": os.cpu_count(),
+        **header("sync_dispatch", plan is QUICK),
         "event_loop": f"{type(loop).__module__}.{type(loop).__name__}",
         "redis_server": str(info.get("redis_version", "?")),
         "redis_py": redis_py.__version__,

@@ -17,12 +17,10 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-from bench.common import write_results
+from bench.common import ROOT, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "tracing_cost.json"
 
 

@@ -178,9 +178,10 @@ def apply_modes(
 
 def shadowed_answers(event: HookEvent, outcomes: Sequence[Outcome]) -> tuple[ShadowedAnswer, ...]:
     """The answers of hooks not enforcing (``warn``, ``dryrun``) that were not applied."""
-    if all(o.spec.mode == "enforce" for o in outcomes):
-        return ()
-    return apply_modes(event, outcomes, _EPOCH)[1]
+    for o in outcomes:  # a plain loop: this runs on every dispatch, usually all "enforce"
+        if o.spec.mode != "enforce":
+            return apply_modes(event, outcomes, _EPOCH)[1]
+    return ()
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

@@ -122,11 +122,6 @@ class EventRunner(abc.ABC):
         reason: str,
         softened: frozenset[str],
     ) -> None:
-        for o in outcomes:  # cheap when every hook enforces (the usual case)
-            if o.spec.mode != "enforce":
-                break
-        else:
-            return
         if shadowed := shadowed_answers(event, outcomes):
             tagged = [(a, reason if a.hook_name in softened else "") for a in shadowed]
             self.held_back(event, ctx, tagged)

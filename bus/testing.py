@@ -74,7 +74,7 @@ async def served(
     """
     from agent_adapter.client import HookClient
     from bus.settings import BusSettings
-    from workers.redis_server import RedisServer
+    from workers.redis_server import RedisServer, stop_process
 
     server = None if redis_url else RedisServer().start()
     url = redis_url or server.url  # type: ignore[union-attr]
@@ -99,12 +99,7 @@ async def served(
         yield client
     finally:
         await client.close()
-        worker.terminate()
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_process(worker, grace=15)
         if worker.stderr:
             worker.stderr.close()
         if server is not None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -88,6 +90,31 @@ async def wait_for(condition: Any, timeout: float = 20.0, what: str = "condition
             return result
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def until(condition: Any, what: str, timeout: float = 60.0, explain: Any = lambda: "") -> Any:
+    """``wait_for`` for code outside an event loop: poll ``condition()`` until it returns
+    something true, and return that; fail with ``what`` (and ``explain()``) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} {explain()}")
+        time.sleep(0.1)
+
+
+def audit_events(db: Path, *columns: str) -> list[tuple[Any, ...]]:
+    """``columns`` of every row the AsyncAuditLogHook service wrote to ``db`` (SQLite); none
+    while the database or its table does not exist yet."""
+    if not db.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+        try:
+            return conn.execute(f"SELECT {', '.join(columns)} FROM agent_audit_events").fetchall()
+        except sqlite3.OperationalError:  # created with the first batch
+            return []
 
 
 async def wait_live(client: HookClient, *names: str, replicas: int = 1) -> None:

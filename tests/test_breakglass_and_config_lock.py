@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -34,10 +33,11 @@ from bus import (
     MutateInput,
     PreToolUseContext,
 )
-from bus.protocol import HookReply, decode
+from bus.breakglass import is_on
+from bus.protocol import HookReply, decode, now_ms
 from bus.settings import BusSettings
 from bus.testing import context
-from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
+from tests.harness import ROOT, Processes, audit_events, wait_for, wait_live, worker_env
 from tests.hooks_for_tests import Recorder
 from tests.remote_hooks import HookConfig
 from workers.builtins import MetricsData, with_builtins
@@ -167,9 +167,9 @@ async def test_break_glass_embedded_warns_instead_of_blocking_records_it_and_end
 
         registry.end_break_glass()
         assert (await registry.run_pre_tool_use(ctx)).blocking_errors
-        registry.break_glass("short one", 0.05)
-        await asyncio.sleep(0.1)  # past its end: it ends by itself
-        assert (await registry.run_pre_tool_use(ctx)).blocking_errors
+        short = registry.break_glass("short one", 0.05)
+        await wait_for(lambda: not is_on(short, now_ms()), 5, "the short bypass to end")
+        assert (await registry.run_pre_tool_use(ctx)).blocking_errors  # it ended by itself
 
         rows = registry.audit_log.rows()
         statuses = [r["status"] for r in rows]
@@ -194,16 +194,8 @@ def hookbus(settings: BusSettings, *args: str) -> str:
 
 
 def audit_rows(db: Path) -> list[tuple[str, str, str]]:
-    if not db.exists():
-        return []
-    conn = sqlite3.connect(db)
-    try:
-        query = "SELECT status, tool_name, output_preview FROM agent_audit_events"
-        return [r for r in conn.execute(query) if r[0] not in ("PreToolUse",)]
-    except sqlite3.OperationalError:  # the table is not there yet
-        return []
-    finally:
-        conn.close()
+    rows = audit_events(db, "status", "tool_name", "output_preview")
+    return [r for r in rows if r[0] != "PreToolUse"]
 
 
 async def test_break_glass_and_shadowed_answers_reach_the_audit_log_over_the_bus(

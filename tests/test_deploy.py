@@ -13,16 +13,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +28,8 @@ import yaml
 
 from bus.cli import build_parser
 from bus.hooks import spec_of
-from tests.harness import ROOT
-from workers.redis_server import free_port
+from tests.harness import ROOT, audit_events, until
+from workers.redis_server import free_port, stop_process
 from workers.worker import load_hook
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -57,24 +54,6 @@ def manifests() -> list[tuple[str, int, dict[str, Any]]]:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
         out += [(path.name, i, d) for i, d in enumerate(docs)]
     return out
-
-
-def until(
-    condition: Callable[[], Any],
-    what: str,
-    timeout: float = 60.0,
-    explain: Callable[[], object] = lambda: "",
-) -> Any:
-    """Poll ``condition`` until it returns something true; fail with ``what`` (and
-    ``explain()``) after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what} {explain()}")
-        time.sleep(0.1)
 
 
 # -- schemas ------------------------------------------------------------------------------------
@@ -309,13 +288,7 @@ class AclRedis:
 
     def close(self) -> None:
         self.admin.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         if self.proc.stdout:
             self.proc.stdout.close()
 
@@ -436,9 +409,8 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         until(lambda: shell_decision() == "Block", "enforce mode", 30, acl_redis.denied)
 
         def audited() -> bool:
-            with contextlib.closing(sqlite3.connect(tmp_path / "audit.db")) as db:
-                query = "SELECT status FROM agent_audit_events WHERE status LIKE 'BREAKGLASS%'"
-                return len(db.execute(query).fetchall()) == 2
+            statuses = [s for (s,) in audit_events(tmp_path / "audit.db", "status")]
+            return sum(s.startswith("BREAKGLASS") for s in statuses) == 2
 
         until(audited, "break-glass in the audit log", 30, acl_redis.denied)
 

@@ -150,12 +150,9 @@ async def test_distributed_audit_log_records_dryrun_and_warn_answers(
 ) -> None:
     """Coordinators write held-back answers to the audit trail; the audit log hook service
     stores them beside the events (one row each, whatever the redeliveries)."""
-    import contextlib
-    import sqlite3
-
     from agent_adapter.client import HookClient
     from bus import HookSettings
-    from tests.harness import wait_live
+    from tests.harness import audit_events, wait_live
 
     db = tmp_path / "audit.db"
     procs.scripted(bus_settings, guard("dryrun"))
@@ -163,15 +160,9 @@ async def test_distributed_audit_log_records_dryrun_and_warn_answers(
     procs.scripted(bus_settings, warner)
     procs.worker(bus_settings, "workers.audit:AsyncAuditLogHook", "audit", HOOKBUS_AUDIT_DB=str(db))
 
-    def rows() -> list[tuple[str, str, str]]:
-        if not db.exists():
-            return []
-        with contextlib.closing(sqlite3.connect(db)) as conn:
-            try:
-                query = "SELECT status, session_id, output_preview FROM agent_audit_events"
-                return [r for r in conn.execute(query) if r[0] in ("DRYRUN", "WARN")]
-            except sqlite3.OperationalError:  # no table yet
-                return []
+    def rows() -> list[tuple[Any, ...]]:
+        found = audit_events(db, "status", "session_id", "output_preview")
+        return [r for r in found if r[0] in ("DRYRUN", "WARN")]
 
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
         await wait_live(client, "Guard", "Warner")

@@ -26,7 +26,7 @@ from bus.settings import BusSettings
 from bus.testing import context
 from tests.harness import Processes, wait_live
 from tests.remote_hooks import HookConfig
-from workers.redis_server import find_redis_server, free_port
+from workers.redis_server import find_redis_server, free_port, stop_process
 
 pytestmark = pytest.mark.redis
 
@@ -109,8 +109,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
                 time.sleep(0.05)
         yield server
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
 
 
 async def test_hooks_decide_over_tls_with_client_certificates(

@@ -14,11 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -27,7 +25,7 @@ import yaml
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.settings import BusSettings
-from tests.harness import ROOT, Processes, worker_env
+from tests.harness import ROOT, Processes, until, worker_env
 from workers.launcher import DEMO, STACK
 from workers.redis_server import free_port
 
@@ -36,18 +34,6 @@ SERVICES = {
     "coordinator", "cancellation", "audit-log", "metrics", "secret-guard-1", "secret-guard-2",
 }  # fmt: skip
 HOOKS = {"CancellationHook": 1, "AsyncAuditLogHook": 1, "AsyncMetricsHook": 1, "SecretGuard": 2}
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll ``condition`` until it returns something true; fail with ``what`` after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
