@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -47,8 +47,31 @@ class _Connection(redis_connection.Connection):
             self.socket_timeout = timeout
 
 
+#: URL schemes that name a Redis Cluster: ``redis+cluster://host:port`` (any one node; the
+#: client discovers the others) and ``rediss+cluster://`` with TLS.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
+
 def connect(settings: BusSettings) -> Redis:
-    """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand."""
+    """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand.
+
+    A ``redis+cluster://`` URL gives redis-py's cluster client. It has the same command methods
+    (every HookBus command names one key, and pipelines are never transactions: protocol.md §9),
+    so the roles use it through the same ``Redis`` type.
+    """
+    scheme, _, rest = settings.redis_url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        cluster = RedisCluster.from_url(
+            f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            socket_connect_timeout=2,
+            socket_timeout=SOCKET_TIMEOUT,
+            health_check_interval=0,
+        )
+        return cast(Redis, cluster)
     client = Redis.from_url(
         settings.redis_url,
         socket_connect_timeout=2,

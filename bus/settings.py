@@ -72,11 +72,16 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+#: Accepted Redis URL schemes; the ``+cluster`` ones select redis-py's cluster client.
+URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+
+
 class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the distributed mode talks to Redis.
 
     Attributes:
-        redis_url: ``HOOKBUS_REDIS_URL`` (``redis://`` or ``rediss://``).
+        redis_url: ``HOOKBUS_REDIS_URL`` (``redis://``, ``rediss://``, ``unix://``, or
+            ``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster).
         prefix: ``HOOKBUS_PREFIX`` for every key (default ``hookbus``).
         heartbeat_secs: how often a worker refreshes its heartbeat (``HOOKBUS_HEARTBEAT_SECS``, 1).
         liveness_secs: a replica without a heartbeat for this long is dead
@@ -109,8 +114,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     ) -> BusSettings:
         env = os.environ if env is None else env
         url = redis_url or env.get("HOOKBUS_REDIS_URL") or DEFAULT_REDIS_URL
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
+        if not url.startswith(URL_SCHEMES):
+            raise ConfigError(f"Redis URL {url!r} must start with {', '.join(URL_SCHEMES)}")
         return cls(
             redis_url=url,
             prefix=env.get("HOOKBUS_PREFIX") or "hookbus",
