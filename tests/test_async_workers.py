@@ -151,7 +151,7 @@ async def test_a_poison_event_is_dead_lettered_after_n_deliveries_then_replayed(
 
         fixed.touch()  # the fix is deployed
         out = subprocess.run(
-            [sys.executable, "-m", "bus.cli", "replay", "Picky", "--dlq"],
+            [sys.executable, "-m", "workers.cli", "replay", "Picky", "--dlq"],
             env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 0 and "re-fed 1 dead letters" in out.stdout, out.stderr

@@ -45,7 +45,7 @@ def env_for(settings: BusSettings, **extra: str) -> dict[str, str]:
 
 def hookbus(settings: BusSettings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=env_for(settings, **env),
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
@@ -201,7 +201,7 @@ class Tail:
         self.out, self.err = tmp / "tail.out", tmp / "tail.err"
         with self.out.open("wb") as out, self.err.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bus.cli", "events", "tail", *args],
+                [sys.executable, "-m", "workers.cli", "events", "tail", *args],
                 env=env_for(settings),
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

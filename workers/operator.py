@@ -3,7 +3,7 @@
 The async functions take a redis-py asyncio client (bytes in and out, as ``bus.redis_io.connect``
 makes it) and the Keys, and return plain data; the ``render_*`` helpers turn that data into
 ``rich`` renderables. ``hookbus hooks list``, ``lag``, ``events tail``, ``dlq …`` and ``metrics``
-(bus/cli.py) are thin wrappers around the two.
+(workers/cli/) are thin wrappers around the two.
 """
 
 from __future__ import annotations
