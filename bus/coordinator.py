@@ -37,7 +37,6 @@ from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
-    DATA_FIELD,
     MAX_MESSAGE_BYTES,
     AuditRecord,
     ControlMessage,
@@ -50,7 +49,7 @@ from bus.protocol import (
     now_ms,
     raw,
 )
-from bus.redis_io import connect
+from bus.redis_io import connect, xadd_batch
 from bus.registry import local_target
 from bus.retention import HARD_CAP_FACTOR
 from bus.runner import EventRunner
@@ -385,13 +384,12 @@ class Coordinator(EventRunner):
         self._outbox[:0] = kept
 
     async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for stream, payload, maxlen, _ in batch:
-                    pipe.xadd(stream, {DATA_FIELD: payload}, maxlen=maxlen, approximate=True)
-                results = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            results = [exc] * len(batch)
+        results = await xadd_batch(
+            self.redis,
+            [(stream, payload, maxlen) for stream, payload, maxlen, _ in batch],
+            replicas=self.bus.durable_replicas,
+            wait_ms=self.bus.durable_wait_ms,
+        )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
                 continue
