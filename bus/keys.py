@@ -59,6 +59,11 @@ class Keys:
         "prefix",
     )
 
+    #: The member of a replicas set that records the last clean shutdown of a replica, scored
+    #: ``-(epoch ms)``: a negative score is never counted live (``ZCOUNT key <now - live> +inf``),
+    #: and one member per hook keeps the set bounded. (A replica id is ``HOST-PID-RANDOM``.)
+    STOPPED_MEMBER = "stopped"
+
     def __init__(self, prefix: str = "hookbus") -> None:
         self.prefix = check_name("key prefix", prefix)
         self.events = f"{prefix}:events"
@@ -76,6 +81,7 @@ class Keys:
         return f"{self.prefix}:hook:{hook}:requests"
 
     def replicas(self, hook: str) -> str:
+        """Replica id → last heartbeat (epoch ms); plus ``STOPPED_MEMBER`` (see there)."""
         return f"{self.prefix}:hook:{hook}:replicas"
 
     def inbox(self, owner: str) -> str:

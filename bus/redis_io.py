@@ -9,9 +9,10 @@ from typing import Any, cast
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bus.errors import RedisAuthError
 from bus.keys import Keys
 from bus.protocol import DATA_FIELD, now_ms
 from bus.settings import BusSettings
@@ -25,6 +26,60 @@ UNREACHABLE = (RedisError, OSError)
 
 
 SOCKET_TIMEOUT = 10.0
+
+
+def permanent(exc: BaseException, conn: Any = None) -> RedisAuthError | None:
+    """The one place that tells a permanent Redis error (retrying cannot help: the process must
+    be reconfigured) from a passing one. Today that is a refused login: a missing or wrong
+    password, an unknown or disabled user. ``conn``, when given, names the server and user."""
+    refused = isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    )
+    if not refused:
+        return None
+    where = "Redis"
+    if conn is not None:
+        path = getattr(conn, "path", None)
+        where += f" at {path}" if path else f" at {conn.host}:{conn.port}"
+        user = getattr(conn, "username", None)
+        if user:
+            who = f"user {user!r} with that password"
+        elif getattr(conn, "password", None):
+            who = "the password given"
+        else:
+            who = "a connection without a password"
+    else:
+        who = "the credentials"
+    return RedisAuthError(
+        f"authentication failed: {where} refused {who} ({exc}). Put the right user and "
+        "password in the Redis URL: HOOKBUS_REDIS_URL or --redis, "
+        "redis://USER:PASSWORD@HOST:PORT/0"
+    )
+
+
+async def _handshake(conn: Any, check: Callable[[], Awaitable[None]]) -> None:
+    """redis-py's connection handshake (AUTH/HELLO, then SELECT …), with a refused login
+    turned into a RedisAuthError: a connection then stops every retry loop at once."""
+    try:
+        await check()
+    except RedisError as exc:
+        error = permanent(exc, conn)
+        if error is None:
+            raise
+        await conn.disconnect()
+        raise error from exc
+
+
+class _AuthSSLConnection(redis_connection.SSLConnection):
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        parent = super().on_connect_check_health
+        await _handshake(self, lambda: parent(check_health=check_health))
+
+
+class _AuthUnixConnection(redis_connection.UnixDomainSocketConnection):
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        parent = super().on_connect_check_health
+        await _handshake(self, lambda: parent(check_health=check_health))
 
 
 class _Connection(redis_connection.Connection):
@@ -45,6 +100,10 @@ class _Connection(redis_connection.Connection):
             raise RedisTimeoutError("Timeout writing to socket") from None
         finally:
             self.socket_timeout = timeout
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        parent = super().on_connect_check_health
+        await _handshake(self, lambda: parent(check_health=check_health))
 
 
 #: URL schemes that name a Redis Cluster: ``redis+cluster://host:port`` (any one node; the
@@ -80,8 +139,11 @@ def connect(settings: BusSettings) -> Redis:
         retry_on_timeout=False,
     )
     pool = client.connection_pool
-    if pool.connection_class is redis_connection.Connection:  # not for TLS or unix sockets
-        pool.connection_class = _Connection
+    pool.connection_class = {
+        redis_connection.Connection: _Connection,
+        redis_connection.SSLConnection: _AuthSSLConnection,
+        redis_connection.UnixDomainSocketConnection: _AuthUnixConnection,
+    }.get(pool.connection_class, pool.connection_class)
     return client
 
 
@@ -262,6 +324,15 @@ async def keep_and_claim(
         await redis.xclaim(stream, group, consumer, 0, list(in_flight), justid=True)
     result = await redis.xautoclaim(stream, group, consumer, idle_ms, start_id="0-0", count=count)
     return [(entry_id, fields) for entry_id, fields in result[1] if entry_id not in in_flight]
+
+
+async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> None:
+    """A replica's clean shutdown: its heartbeat goes, and the hook's ``stopped`` member
+    records when (``hookbus hooks list`` then says "stopped", not "never")."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.replicas(hook), replica)
+        pipe.zadd(keys.replicas(hook), {Keys.STOPPED_MEMBER: -now_ms()})
+        await pipe.execute()
 
 
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:

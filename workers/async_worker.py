@@ -58,6 +58,7 @@ from bus.redis_io import (
     ensure_group,
     group_lost,
     read_group,
+    retire_replica,
 )
 from bus.retention import group_backlogs, trim_events
 from bus.settings import BusSettings, HookSettings
@@ -147,7 +148,7 @@ class AsyncHookWorker:
         log.info("async hook %s replica %s reading %s", self.group, self.replica, self.streams[0])
 
     async def deregister(self) -> None:
-        await self.redis.zrem(self.keys.replicas(self.group), self.replica)
+        await retire_replica(self.redis, self.keys, self.group, self.replica)
         note = ControlMessage(type="deregister", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
 

@@ -43,7 +43,8 @@ async def hook_status(
     from bus.protocol import now_ms
     from workers.operator import list_hooks
 
-    rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
+    hooks = await list_hooks(redis, keys, settings.liveness_secs, modes=False)
+    rows = [r for r in hooks if r.name == hook]
     if not rows:
         return False, f"hook {hook} is not registered in {keys.hooks}"
     live_ms = settings.liveness_secs * 1000
