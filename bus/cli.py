@@ -270,7 +270,9 @@ def _worker_check(args: argparse.Namespace) -> int:
     host = _host(args)
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
-        return await hook_status(redis, keys, settings, name, host)
+        from workers.health import clock_checked  # and the clocks: workers/health.py
+
+        return await clock_checked(hook_status, redis, keys, settings, name, host)
 
     return _run_check(args, probe)
 
