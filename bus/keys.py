@@ -10,7 +10,8 @@ key                                       type    holds
 ``{p}:hooks``                             hash    hook name → manifest (JSON)
 ``{p}:modes``                             hash    hook name → enforcement mode set by an operator
 ``{p}:hook:{name}:requests``              stream  requests for one sync hook; group ``workers``
-``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (epoch ms)
+``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (ms, Redis's clock)
+``{p}:hook:{name}:clocks``                hash    replica id → its clock minus Redis's (ms)
 ``{p}:inbox:{id}``                        list    replies for one coordinator or one client
 ``{p}:decisions``                         stream  decision requests for the coordinator service;
                                                   group ``coordinators``
@@ -83,6 +84,10 @@ class Keys:
     def replicas(self, hook: str) -> str:
         """Replica id → last heartbeat (epoch ms); plus ``STOPPED_MEMBER`` (see there)."""
         return f"{self.prefix}:hook:{hook}:replicas"
+
+    def clocks(self, hook: str) -> str:
+        """Each replica's measured clock offset from Redis's (bus/clock.py), in ms."""
+        return f"{self.prefix}:hook:{hook}:clocks"
 
     def inbox(self, owner: str) -> str:
         return f"{self.prefix}:inbox:{owner}"

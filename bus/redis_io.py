@@ -332,6 +332,7 @@ async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> N
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.replicas(hook), replica)
         pipe.zadd(keys.replicas(hook), {Keys.STOPPED_MEMBER: -now_ms()})
+        pipe.hdel(keys.clocks(hook), replica)
         await pipe.execute()
 
 

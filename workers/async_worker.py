@@ -33,6 +33,7 @@ from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import ResponseError
 
 from bus import telemetry
+from bus.clock import START_SAMPLES, RedisClock
 from bus.dispatch import eager
 from bus.errors import ProtocolError
 from bus.events import TOOL_EVENTS, session_of, tool_of
@@ -113,6 +114,7 @@ class AsyncHookWorker:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
         self.redis = connect(settings)
         self.stats = {"handled": 0, "failed": 0, "dead_lettered": 0, "claimed": 0, "skipped": 0}
+        self.clock = RedisClock(f"async hook {self.group} replica {self.replica}")
         self.registered = asyncio.Event()
         self._busy = asyncio.Lock()  # one batch at a time: the read loop or the claimer
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
@@ -141,7 +143,8 @@ class AsyncHookWorker:
             await ensure_group(self.redis, side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
         await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
-        await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+        await self.clock.measure(self.redis, START_SAMPLES)
+        await self._heartbeat(measure=False)
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
@@ -399,7 +402,7 @@ class AsyncHookWorker:
         last_trim = 0.0
         while not stop.is_set():
             try:
-                await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+                await self._heartbeat()
                 for stream in self.streams:
                     await self._claim(stream)
                 if time.monotonic() - last_trim > 10:
@@ -413,6 +416,16 @@ class AsyncHookWorker:
             except UNREACHABLE as exc:
                 log.debug("keep-alive failed: %s", exc)
             await asyncio.sleep(min(self.settings.heartbeat_secs, self.settings.claim_idle_secs))
+
+    async def _heartbeat(self, measure: bool = True) -> None:
+        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it."""
+        if measure:
+            await self.clock.measure(self.redis)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.replicas(self.group), {self.replica: self.clock.now_ms()})
+            if self.clock.measured:
+                pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
+            await pipe.execute()
 
     async def _claim(self, stream: str) -> None:
         idle_ms = int(self.settings.claim_idle_secs * 1000)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from opentelemetry import context as otel_context
 from redis.exceptions import RedisError
 
 from bus import telemetry
+from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.coordinator import Coordinator
 from bus.dispatch import deadline_cap
 from bus.errors import InvalidInputError, ProtocolError
@@ -57,7 +59,16 @@ class CoordinatorService:
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
         self.settings = settings
-        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0, "expired": 0, "claimed": 0}
+        self.stats = {
+            "answered": 0,
+            "rejected": 0,
+            "dead_lettered": 0,
+            "expired": 0,
+            "claimed": 0,
+            "agent_clock_skewed": 0,
+        }
+        self.expired = ExpiredDrops(log, "decision requests")
+        self._skew_logged_at = -1e9
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self.ready = asyncio.Event()
 
@@ -76,6 +87,7 @@ class CoordinatorService:
             if self._in_flight:
                 await asyncio.wait(list(self._in_flight.values()), timeout=30)
             await self.coordinator.close()
+            self.expired.flush()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
     async def _ensure_group(self) -> None:
@@ -125,6 +137,7 @@ class CoordinatorService:
                     self._start(entry_id, fields)
             except UNREACHABLE as exc:
                 log.debug("claiming failed: %s", exc)
+            self.expired.tick()
             await asyncio.sleep(self.settings.claim_idle_secs / 3)
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
@@ -140,10 +153,10 @@ class CoordinatorService:
         except InvalidInputError as exc:
             await self._reject(entry_id, data, exc)
             return
-        timeout = (request.ts + request.timeout_ms - now_ms()) / 1000
+        timeout = (self._sent(entry_id, request) + request.timeout_ms - self._now()) / 1000
         if timeout <= 0:
             self.stats["expired"] += 1
-            log.info("decision request %s expired before it was read; dropped", request.id)
+            self.expired.drop(f"request {request.id} for {request.event}, {-timeout:.3f} s late")
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
                 await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
             return
@@ -168,6 +181,34 @@ class CoordinatorService:
             )
         await self._send(entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
+
+    def _now(self) -> int:
+        return self.coordinator.clock.now_ms()
+
+    def _sent(self, entry_id: bytes, request: DecisionRequest) -> int:
+        """When the request's ``timeout_ms`` starts: its ``ts``, unless that is further than the
+        clock bound from when Redis took it (the entry id's milliseconds, on Redis's clock): an
+        agent whose clock is off must not have its requests dropped (or kept) by that error."""
+        try:
+            taken = int(entry_id.split(b"-", 1)[0])
+        except ValueError:
+            return request.ts
+        off = request.ts - taken
+        if abs(off) <= MAX_SKEW_MS:
+            return request.ts
+        self.stats["agent_clock_skewed"] += 1
+        now = time.monotonic()
+        if now - self._skew_logged_at >= 60:
+            self._skew_logged_at = now
+            log.error(
+                "decision request %s has a ts %s Redis's clock (bound %g s): the agent's clock "
+                "is not in sync; its timeout_ms counts from when Redis took it (%d such so far)",
+                request.id,
+                describe(off),
+                MAX_SKEW_MS / 1000,
+                self.stats["agent_clock_skewed"],
+            )
+        return taken
 
     async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""
