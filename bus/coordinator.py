@@ -52,14 +52,14 @@ from bus.protocol import (
 )
 from bus.redis_io import connect, xadd_batch
 from bus.registry import local_target
-from bus.retention import HARD_CAP_FACTOR
+from bus.retention import hard_cap
 from bus.runner import EventRunner
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
-#: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
-AUDIT_MAXLEN = 100_000
+#: The audit trail's hard cap at the default ``audit_maxlen`` (the audit log keeps it all).
+AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
 REQUEUE_LIMIT = 10_000
 #: The longest a dispatch waits to learn a new session's own hooks.
@@ -225,7 +225,7 @@ class Coordinator(EventRunner):
                 by=self.source,
                 breakglass=reason,
             )
-            self._enqueue(self.keys.audit, encode(record), AUDIT_MAXLEN, None)
+            self._enqueue(self.keys.audit, encode(record), hard_cap(self.bus.audit_maxlen), None)
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
@@ -249,7 +249,7 @@ class Coordinator(EventRunner):
             self.stats["oversized_events"] += 1
             log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
             return
-        self._enqueue(self.keys.events, payload, HARD_CAP_FACTOR * self.bus.events_maxlen, None)
+        self._enqueue(self.keys.events, payload, hard_cap(self.bus.events_maxlen), None)
 
     # -- hooks in this process, beside the services -------------------------------------------
 

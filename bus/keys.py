@@ -21,6 +21,8 @@ key                                       type    holds
 ``{p}:dlq``                               stream  dead letters: malformed or undeliverable messages
 ``{p}:hook:{name}:replay``                stream  entries re-fed to one async hook (same group)
 ``{p}:hook:{name}:failures``              hash    entry id → last failure of an async hook (TTL)
+``{p}:hook:{name}:lost``                  hash    stream → entries the hard cap cut before the
+                                                  hook's group handled them (bus/retention.py)
 ``{p}:metrics:{name}``                    hash    figures collected by an async MetricsHook
 ========================================  ======  =================================================
 """
@@ -103,6 +105,10 @@ class Keys:
     def failures(self, hook: str) -> str:
         """Last failure reason per entry id of one async hook (for its dead letters)."""
         return f"{self.prefix}:hook:{hook}:failures"
+
+    def lost(self, hook: str) -> str:
+        """Per stream, how many entries the hard cap cut before the hook's group handled them."""
+        return f"{self.prefix}:hook:{hook}:lost"
 
     def metrics(self, hook: str) -> str:
         """Figures an async MetricsHook collected."""

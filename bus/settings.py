@@ -102,6 +102,9 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             (``HOOKBUS_EVENTS_MAXLEN``, 100000).
         requests_maxlen: the same for each hook's request stream (``HOOKBUS_REQUESTS_MAXLEN``,
             10000).
+        audit_maxlen: approximate length the audit trail ``{p}:audit`` is trimmed to
+            (``HOOKBUS_AUDIT_MAXLEN``, 10000). Like the events stream, never past what a group
+            that follows it still needs; publishers cap it at 10 times that (bus/retention.py).
         session_ttl_secs: how long session hooks and cancellations outlive their last use
             (``HOOKBUS_SESSION_TTL_SECS``, 3600).
         refresh_secs: how often a coordinator re-reads the hook directory
@@ -120,6 +123,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     claim_idle_secs: float = 1.0
     events_maxlen: int = 100_000
     requests_maxlen: int = 10_000
+    audit_maxlen: int = 10_000
     session_ttl_secs: int = 3600
     refresh_secs: float = 1.0
     durable_replicas: int = 0
@@ -141,6 +145,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             claim_idle_secs=_positive(env, "HOOKBUS_CLAIM_IDLE_SECS", 1.0),
             events_maxlen=_int(env, "HOOKBUS_EVENTS_MAXLEN", 100_000),
             requests_maxlen=_int(env, "HOOKBUS_REQUESTS_MAXLEN", 10_000),
+            audit_maxlen=_int(env, "HOOKBUS_AUDIT_MAXLEN", 10_000),
             session_ttl_secs=_int(env, "HOOKBUS_SESSION_TTL_SECS", 3600),
             refresh_secs=_positive(env, "HOOKBUS_REFRESH_SECS", 1.0),
             durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
