@@ -39,10 +39,13 @@ SECRET = re.compile(r"(API_KEY=)\S+")
 
 
 class SecretGuard(AgentHook):
-    """Blocks reading or writing ``.env`` files."""
+    """Blocks reading or writing ``.env`` files: the reference runtime's ``file_*`` tools (argument
+    ``path``) and Claude Code's ``Read``, ``Write``, ``Edit`` and ``MultiEdit`` (``file_path``)."""
 
     subscribed_events = (HookEvent.PRE_TOOL_USE,)
-    match_filter = ToolMatchFilter.parse(["file_*"], ["path:.env"])
+    match_filter = ToolMatchFilter.parse(
+        ["file_*", "Read", "Write", "Edit", "MultiEdit"], ["path:.env", "file_path:.env"]
+    )
     failure_policy = "fail"
 
     async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
