@@ -98,12 +98,13 @@ class LongOutputWarning(AgentHook):
 
 
 class ShellPolicy(AgentHook):
-    """Lets read-only shell commands through without asking a person."""
+    """Lets read-only shell commands through without asking a person (the reference runtime's
+    ``run_shell`` and Claude Code's ``Bash``)."""
 
     subscribed_events = (HookEvent.PERMISSION_REQUEST,)
 
     async def on_permission_request(self, ctx: PermissionRequestContext) -> PermissionRequestAction:
-        if ctx.tool_name != "run_shell":
+        if ctx.tool_name not in ("run_shell", "Bash"):
             return CONTINUE
         command = str(ctx.tool_args.get("command", ""))
         if command.split()[:1] in (["ls"], ["echo"]):
