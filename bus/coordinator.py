@@ -69,6 +69,11 @@ SESSION_LOOKUP_SECS = 0.5
 _dispatch: ContextVar[tuple[str, object, msgspec.Raw | None]] = ContextVar(
     "hookbus_dispatch", default=("", None, None)
 )
+#: Who asked for the dispatch under way, when a service dispatches for others (the HTTP gateway
+#: sets the tenant its bearer token names): recorded as the ``source`` of the published event
+#: and the ``by`` of audit records, instead of the coordinator's own name. Empty: the
+#: coordinator's ``source``.
+dispatch_source: ContextVar[str] = ContextVar("hookbus_dispatch_source", default="")
 
 
 class Coordinator(EventRunner):
@@ -222,7 +227,7 @@ class Coordinator(EventRunner):
                 mode=answer.mode,
                 action=answer.action,
                 detail=answer.detail,
-                by=self.source,
+                by=dispatch_source.get() or self.source,
                 breakglass=reason,
             )
             self._enqueue(self.keys.audit, encode(record), hard_cap(self.bus.audit_maxlen), None)
@@ -237,7 +242,7 @@ class Coordinator(EventRunner):
             event=event,
             session_id=session_of(ctx),
             context=encoded,
-            source=self.source,
+            source=dispatch_source.get() or self.source,
             traceparent=traceparent,
             tracestate=tracestate,
         )
