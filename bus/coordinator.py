@@ -94,7 +94,7 @@ class Coordinator(EventRunner):
     ) -> None:
         super().__init__(hook_settings)
         self.bus = settings
-        self.keys = Keys(settings.prefix)
+        self.keys = Keys.of(settings)
         self.id = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:6]}"
         self.source = source or self.id
         self.inbox = self.keys.inbox(self.id)
@@ -114,6 +114,7 @@ class Coordinator(EventRunner):
         #: Calls, per hook, dispatched while every live replica of the hook was skewed.
         self.skewed_calls: dict[str, int] = {}
         self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._asked: dict[str, str] = {}  # request id → the hook asked (only it may answer)
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
@@ -254,7 +255,8 @@ class Coordinator(EventRunner):
             self.stats["oversized_events"] += 1
             log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
             return
-        self._enqueue(self.keys.events, payload, hard_cap(self.bus.events_maxlen), None)
+        stream = self.keys.events(message.session_id)
+        self._enqueue(stream, payload, hard_cap(self.bus.events_maxlen), None)
 
     # -- hooks in this process, beside the services -------------------------------------------
 
@@ -360,11 +362,15 @@ class Coordinator(EventRunner):
             )
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
-        future.add_done_callback(lambda _: self._waiting.pop(request.id, None))
-        self._enqueue(
-            self.keys.requests(hook), payload, self.bus.requests_maxlen, request.id, False
-        )
+        self._asked[request.id] = hook
+        future.add_done_callback(lambda _: self._forget(request.id))
+        stream = self.keys.requests(hook, self.directory.shard(hook, request.session_id))
+        self._enqueue(stream, payload, self.bus.requests_maxlen, request.id, False)
         return future
+
+    def _forget(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+        self._asked.pop(request_id, None)
 
     # -- batching: every command of one dispatch goes out in one round trip --------------------
 
@@ -466,6 +472,13 @@ class Coordinator(EventRunner):
         future = self._waiting.get(reply.request_id)
         if future is None or future.done():
             self.stats["late_replies"] += 1
+            return
+        asked = self._asked.get(reply.request_id)
+        if reply.hook != asked:  # only the hook asked may answer: a forged or misrouted reply
+            self.stats["forged_replies"] += 1
+            _failures.warning(
+                "dropped a reply from hook %r to a request for hook %r", reply.hook, asked
+            )
             return
         if reply.status == "error":
             future.set_exception(HookCrashed(reply.error or "the hook failed"))

@@ -1,41 +1,65 @@
 """Every Redis key and channel HookBus uses, under one configurable prefix (default ``hookbus``).
 
-Each command touches one key, so that keys can live on different Redis Cluster slots; the
-per-session and per-hook keys are the unit a later step partitions by.
+Key layout 2 (protocol version 2). ``{…}`` in the names below are literal Redis Cluster hash
+tags: keys that must live on one slot share a tag (a hook's keys, a partition's stream), and keys
+that must not, do not (session keys carry none, so sessions spread over the whole cluster). A
+Redis ACL user's key patterns follow the same tags: a hook's own user gets ``{p}:hook:{NAME}:*``.
 
-========================================  ======  =================================================
-key                                       type    holds
-========================================  ======  =================================================
-``{p}:events``                            stream  every lifecycle event (bounded, see protocol.md)
-``{p}:hooks``                             hash    hook name → manifest (JSON)
-``{p}:modes``                             hash    hook name → enforcement mode set by an operator
-``{p}:hook:{name}:requests``              stream  requests for one sync hook; group ``workers``
-``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (ms, Redis's clock)
-``{p}:hook:{name}:clocks``                hash    replica id → its clock minus Redis's (ms)
-``{p}:inbox:{id}``                        list    replies for one coordinator or one client
-``{p}:decisions``                         stream  decision requests for the coordinator service;
-                                                  group ``coordinators``
-``{p}:session:{sid}:hooks``               set     names of hooks attached to one session (TTL)
-``{p}:cancelled:{sid}``                   string  present while a session is cancelled (TTL)
-``{p}:control``                           pubsub  announcements: manifests, replicas, sessions
-``{p}:dlq``                               stream  dead letters: malformed or undeliverable messages
-``{p}:hook:{name}:replay``                stream  entries re-fed to one async hook (same group)
-``{p}:hook:{name}:failures``              hash    entry id → last failure of an async hook (TTL)
-``{p}:hook:{name}:lost``                  hash    stream → entries the hard cap cut before the
-                                                  hook's group handled them (bus/retention.py)
-``{p}:metrics:{name}``                    hash    figures collected by an async MetricsHook
-========================================  ======  =================================================
+===========================================  ======  ==============================================
+key                                          type    holds
+===========================================  ======  ==============================================
+``{p}:events:{TAG}``                         stream  lifecycle events of the sessions of one
+                                                     partition (``HOOKBUS_PARTITIONS``, default 1)
+``{p}:decisions:{TAG}``                      stream  decision requests of trusted foreign agents,
+                                                     one per partition; group ``coordinators``
+``{p}:hooks``                                set     names of the registered hooks
+``{p}:hook:{NAME}:manifest``                 string  the hook's manifest (JSON)
+``{p}:modes``                                hash    hook name → enforcement mode set by an operator
+``{p}:hook:{NAME}:requests``                 stream  requests for one sync hook; group ``workers``
+                                                     (shard k > 0: ``{p}:hook:{NAME#k}:requests``)
+``{p}:hook:{NAME}:replicas``                 zset    replica id → last heartbeat (ms, Redis's clock)
+``{p}:hook:{NAME}:clocks``                   hash    replica id → its clock minus Redis's (ms)
+``{p}:hook:{NAME}:replay``                   stream  entries re-fed to one async hook (same group)
+``{p}:hook:{NAME}:failures``                 hash    entry id → last failure of an async hook (TTL)
+``{p}:hook:{NAME}:lost``                     hash    stream → entries the hard cap cut before the
+                                                     hook's group handled them (bus/retention.py)
+``{p}:hook:{NAME}:metrics``                  hash    figures collected by an async MetricsHook
+``{p}:inbox:{id}``                           list    replies for one coordinator or one client
+``{p}:session:{sid}:hooks``                  set     names of hooks attached to one session (TTL)
+``{p}:cancelled:{sid}``                      string  present while a session is cancelled (TTL)
+``{p}:tenants``                              set     tenants the coordinator service serves
+``{p}:t:{TENANT}:decisions``                 stream  an untrusted agent's decision requests
+``{p}:t:{TENANT}:inbox:{id}``                list    replies to an untrusted agent
+``{p}:control``                              pubsub  announcements: manifests, replicas, sessions
+``{p}:dlq``                                  stream  dead letters: malformed or undeliverable
+``{p}:audit``                                stream  answers not applied, break-glass switches
+``{p}:breakglass``                           string  present while break-glass is on (TTL)
+===========================================  ======  ==============================================
+
+A partition's tag is chosen so that N partitions spread evenly over the cluster's 16384 slots:
+``TAG`` of partition i is the first ``e<i>.<k>`` (``d<i>.<k>`` for decisions), k = 0, 1, …, whose
+slot lies in the i-th of N equal slot ranges (:func:`partition_tag`). A session's partition is
+``crc32(session id, UTF-8) mod N`` (:meth:`Keys.partition`).
 """
 
 from __future__ import annotations
 
 import re
+import zlib
+from typing import Any
+from functools import cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from bus.errors import ConfigError
 
 WORKERS_GROUP = "workers"
 COORDINATORS_GROUP = "coordinators"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+#: Tenant names: no '.', so that a qualified session id ``TENANT/SID`` splits unambiguously.
+_TENANT = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+#: Most partitions a bus may have (each is a stream every async hook group reads).
+MAX_PARTITIONS = 1024
 
 
 def check_name(kind: str, value: str) -> str:
@@ -47,6 +71,26 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def check_tenant(value: str) -> str:
+    """Tenant names become parts of keys and of qualified session ids."""
+    if not isinstance(value, str) or not _TENANT.match(value):
+        raise ConfigError(f"tenant {value!r} must be 1-64 characters of letters, digits, '_' or '-'")
+    return value
+
+
+@cache
+def partition_tag(kind: str, index: int, partitions: int) -> str:
+    """The hash tag of partition ``index`` of ``partitions``: the first ``<kind><index>.<k>``
+    whose cluster slot lies in the index-th of ``partitions`` equal slot ranges."""
+    low = index * REDIS_CLUSTER_HASH_SLOTS // partitions
+    high = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
+    for k in range(1_000_000):
+        tag = f"{kind}{index}.{k}"
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+    raise ConfigError(f"no hash tag found for partition {index} of {partitions}")
+
+
 class Keys:
     """Key names under one prefix."""
 
@@ -54,12 +98,14 @@ class Keys:
         "audit",
         "breakglass",
         "control",
-        "decisions",
+        "decision_partitions",
         "dlq",
-        "events",
+        "event_partitions",
         "hooks",
         "modes",
+        "partitions",
         "prefix",
+        "tenants",
     )
 
     #: The member of a replicas set that records the last clean shutdown of a replica, scored
@@ -67,12 +113,23 @@ class Keys:
     #: and one member per hook keeps the set bounded. (A replica id is ``HOST-PID-RANDOM``.)
     STOPPED_MEMBER = "stopped"
 
-    def __init__(self, prefix: str = "hookbus") -> None:
+    def __init__(self, prefix: str = "hookbus", partitions: int = 1) -> None:
         self.prefix = check_name("key prefix", prefix)
-        self.events = f"{prefix}:events"
+        if not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"partitions must be 1-{MAX_PARTITIONS}, not {partitions!r}")
+        self.partitions = partitions
+        #: ``{p}:events:{TAG}`` of each partition, in partition order.
+        self.event_partitions = tuple(
+            f"{prefix}:events:{{{partition_tag('e', i, partitions)}}}" for i in range(partitions)
+        )
+        #: ``{p}:decisions:{TAG}`` of each partition (trusted foreign agents' requests).
+        self.decision_partitions = tuple(
+            f"{prefix}:decisions:{{{partition_tag('d', i, partitions)}}}"
+            for i in range(partitions)
+        )
         self.hooks = f"{prefix}:hooks"
         self.modes = f"{prefix}:modes"
-        self.decisions = f"{prefix}:decisions"
+        self.tenants = f"{prefix}:tenants"
         self.control = f"{prefix}:control"
         self.dlq = f"{prefix}:dlq"
         #: The audit trail: answers not applied (warn, dryrun, break-glass), break-glass on/off.
@@ -80,16 +137,58 @@ class Keys:
         #: Present (with a TTL) while an operator's break-glass bypass is on.
         self.breakglass = f"{prefix}:breakglass"
 
-    def requests(self, hook: str) -> str:
-        return f"{self.prefix}:hook:{hook}:requests"
+    @classmethod
+    def of(cls, settings: Any) -> Keys:
+        """The keys of a bus's settings (its prefix and number of partitions)."""
+        return cls(settings.prefix, settings.partitions)
+
+    def partition(self, session_id: str) -> int:
+        """The partition of a session: its events and decisions stay in order in one stream."""
+        if self.partitions == 1:
+            return 0
+        return zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % self.partitions
+
+    def events(self, session_id: str) -> str:
+        """The events stream of a session's partition."""
+        return self.event_partitions[self.partition(session_id)]
+
+    def decisions(self, session_id: str) -> str:
+        """The decisions stream of a session's partition (trusted foreign agents)."""
+        return self.decision_partitions[self.partition(session_id)]
+
+    def _hook(self, hook: str) -> str:
+        return f"{self.prefix}:hook:{{{hook}}}"
+
+    def manifest(self, hook: str) -> str:
+        """The hook's manifest (JSON); its name is also a member of ``{p}:hooks``."""
+        return f"{self._hook(hook)}:manifest"
+
+    def requests(self, hook: str, shard: int = 0) -> str:
+        """Shard 0 of a hook's requests shares the hook's tag; shard k > 0 has its own."""
+        if shard == 0:
+            return f"{self._hook(hook)}:requests"
+        return f"{self.prefix}:hook:{{{hook}#{shard}}}:requests"
+
+    def tenant_decisions(self, tenant: str) -> str:
+        """An untrusted agent's decision requests (its tenant's only writable stream)."""
+        return f"{self.prefix}:t:{{{check_tenant(tenant)}}}:decisions"
+
+    def tenant_inbox(self, tenant: str, owner: str) -> str:
+        """Replies to one client of a tenant."""
+        return f"{self.prefix}:t:{{{check_tenant(tenant)}}}:inbox:{owner}"
+
+    def is_tenant_inbox(self, tenant: str, key: str) -> bool:
+        """Replies to a tenant's request may only go to that tenant's inboxes."""
+        head = f"{self.prefix}:t:{{{tenant}}}:inbox:"
+        return key.startswith(head) and len(key) <= 300
 
     def replicas(self, hook: str) -> str:
         """Replica id → last heartbeat (epoch ms); plus ``STOPPED_MEMBER`` (see there)."""
-        return f"{self.prefix}:hook:{hook}:replicas"
+        return f"{self._hook(hook)}:replicas"
 
     def clocks(self, hook: str) -> str:
         """Each replica's measured clock offset from Redis's (bus/clock.py), in ms."""
-        return f"{self.prefix}:hook:{hook}:clocks"
+        return f"{self._hook(hook)}:clocks"
 
     def inbox(self, owner: str) -> str:
         return f"{self.prefix}:inbox:{owner}"
@@ -100,19 +199,19 @@ class Keys:
 
     def replay(self, hook: str) -> str:
         """Entries re-fed to one async hook (``hookbus replay``); read by its group."""
-        return f"{self.prefix}:hook:{hook}:replay"
+        return f"{self._hook(hook)}:replay"
 
     def failures(self, hook: str) -> str:
         """Last failure reason per entry id of one async hook (for its dead letters)."""
-        return f"{self.prefix}:hook:{hook}:failures"
+        return f"{self._hook(hook)}:failures"
 
     def lost(self, hook: str) -> str:
         """Per stream, how many entries the hard cap cut before the hook's group handled them."""
-        return f"{self.prefix}:hook:{hook}:lost"
+        return f"{self._hook(hook)}:lost"
 
     def metrics(self, hook: str) -> str:
         """Figures an async MetricsHook collected."""
-        return f"{self.prefix}:metrics:{hook}"
+        return f"{self._hook(hook)}:metrics"
 
     def session_hooks(self, session_id: str) -> str:
         return f"{self.prefix}:session:{session_id}:hooks"

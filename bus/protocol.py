@@ -24,7 +24,7 @@ from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
 from bus.matcher import ToolMatchFilter
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: Largest message accepted from the wire (bytes).
 MAX_MESSAGE_BYTES = 1_048_576
 #: The stream entry field that holds the JSON message.

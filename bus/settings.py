@@ -109,6 +109,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             (``HOOKBUS_SESSION_TTL_SECS``, 3600).
         refresh_secs: how often a coordinator re-reads the hook directory
             (``HOOKBUS_REFRESH_SECS``, 1).
+        partitions: how many partitions the events and decisions streams have
+            (``HOOKBUS_PARTITIONS``, 1); every process of one bus must use the same number.
         durable_replicas: the durable mode (``HOOKBUS_DURABLE_REPLICAS``, 0 = off): a
             coordinator counts an event or request as published only once this many replicas
             of its Redis master have it (``WAIT``), so a failover cannot lose it silently.
@@ -126,6 +128,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     audit_maxlen: int = 10_000
     session_ttl_secs: int = 3600
     refresh_secs: float = 1.0
+    partitions: int = 1
     durable_replicas: int = 0
     durable_wait_ms: int = 1000
 
@@ -148,6 +151,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             audit_maxlen=_int(env, "HOOKBUS_AUDIT_MAXLEN", 10_000),
             session_ttl_secs=_int(env, "HOOKBUS_SESSION_TTL_SECS", 3600),
             refresh_secs=_positive(env, "HOOKBUS_REFRESH_SECS", 1.0),
+            partitions=_int(env, "HOOKBUS_PARTITIONS", 1),
             durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
             durable_wait_ms=_int(env, "HOOKBUS_DURABLE_WAIT_MS", 1000),
         )

@@ -31,6 +31,7 @@ def worker_env(settings: BusSettings, **extra: str) -> dict[str, str]:
         "HOOKBUS_HEARTBEAT_SECS": str(settings.heartbeat_secs),
         "HOOKBUS_LIVENESS_SECS": str(settings.liveness_secs),
         "HOOKBUS_CLAIM_IDLE_SECS": str(settings.claim_idle_secs),
+        "HOOKBUS_PARTITIONS": str(settings.partitions),
         **extra,
     }
 

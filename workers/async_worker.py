@@ -101,7 +101,7 @@ class AsyncHookWorker:
         self.spec = spec_of(hook)
         self.group = check_name("hook name", self.spec.name)
         self.settings = settings
-        self.keys = Keys(settings.prefix)
+        self.keys = Keys.of(settings)
         # The events, the hook's own replay stream, and the audit trail if it follows it.
         self.streams: tuple[str, ...] = (self.keys.events, self.keys.replay(self.group))
         if hook.follows_audit_trail:

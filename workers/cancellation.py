@@ -32,7 +32,7 @@ class RedisCancellationHook(AgentHook):
 
     def __init__(self, settings: BusSettings | None = None) -> None:
         self.settings = settings or BusSettings.from_env()
-        self.keys = Keys(self.settings.prefix)
+        self.keys = Keys.of(self.settings)
         self._redis: Redis | None = None
 
     @property

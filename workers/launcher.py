@@ -204,7 +204,7 @@ class Stack:
         """Wait until every child is ready: None, or why not (a child exited, the time ran out,
         ``stop`` was set: "stopped")."""
         settings = self._settings()
-        keys = Keys(settings.prefix)
+        keys = Keys.of(settings)
         deadline = time.monotonic() + timeout
 
         async def poll() -> str | None:

@@ -27,7 +27,7 @@ class AsyncMetricsHook(AsyncAgentHook):
 
     def __init__(self, settings: BusSettings | None = None) -> None:
         self.settings = settings or BusSettings.from_env()
-        self.key = Keys(self.settings.prefix).metrics(self.name)
+        self.key = Keys.of(self.settings).metrics(self.name)
         self._redis: Any = None
 
     async def on_batch(self, batch: Sequence[DeliveredEvent]) -> None:

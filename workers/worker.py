@@ -111,7 +111,7 @@ class HookWorker:
         self.spec = spec_of(hook)
         check_name("hook name", self.spec.name)
         self.settings = settings
-        self.keys = Keys(settings.prefix)
+        self.keys = Keys.of(settings)
         self.stream = self.keys.requests(self.spec.name)
         self.scope = scope
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"

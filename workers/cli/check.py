@@ -115,7 +115,7 @@ def run_check(args: argparse.Namespace, probe: Probe) -> int:
         redis = connect(settings)
         try:
             return await asyncio.wait_for(
-                probe(redis, Keys(settings.prefix), settings), CHECK_TIMEOUT_SECS
+                probe(redis, Keys.of(settings), settings), CHECK_TIMEOUT_SECS
             )
         finally:
             await redis.aclose()

@@ -64,7 +64,7 @@ def with_redis(
     async def run() -> T:
         redis = connect(settings)
         try:
-            return await work(redis, Keys(settings.prefix), settings)
+            return await work(redis, Keys.of(settings), settings)
         finally:
             await redis.aclose()
 

@@ -34,7 +34,7 @@ def _replay(args: argparse.Namespace) -> int:
     async def replay() -> int:
         redis = connect(settings)
         try:
-            keys = Keys(settings.prefix)
+            keys = Keys.of(settings)
             await check_replayable(redis, keys, args.hook)
             if args.dlq:
                 return await replay_dead_letters(redis, keys, args.hook)
