@@ -32,13 +32,12 @@ from bus.actions import ShadowedAnswer
 from bus.aggregation import Outcome
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
-from bus.errors import ConfigError, HookCrashed, HookUnreachable, ProtocolError
+from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
     DATA_FIELD,
-    MAX_MESSAGE_BYTES,
     AuditRecord,
     ControlMessage,
     EventMessage,
@@ -48,16 +47,17 @@ from bus.protocol import (
     encode,
     new_id,
     now_ms,
-    raw,
 )
-from bus.redis_io import connect
+from bus.ratelog import RateLimitedLog
+from bus.redis_io import connect, dead_letter
 from bus.registry import local_target
 from bus.retention import HARD_CAP_FACTOR
-from bus.runner import EventRunner
+from bus.runner import EventRunner, inspected
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
+_failures = RateLimitedLog(log)
 #: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
 AUDIT_MAXLEN = 100_000
 #: The most unsent messages kept for the next flush while Redis hangs.
@@ -102,6 +102,7 @@ class Coordinator(EventRunner):
             "late_replies": 0,
             "publish_failures": 0,
             "oversized_events": 0,
+            "refused": 0,
         }
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
@@ -197,12 +198,38 @@ class Coordinator(EventRunner):
                 by=self.source,
                 breakglass=reason,
             )
-            self._enqueue(self.keys.audit, encode(record), AUDIT_MAXLEN, None)
+            try:
+                payload = encode(record)
+            except LimitError as exc:  # a hook's reason of a megabyte, say
+                self.stats["publish_failures"] += 1
+                _failures.warning("audit record of %s not written: %s", answer.hook_name, exc)
+                continue
+            self._enqueue(self.keys.audit, payload, AUDIT_MAXLEN, None)
+
+    def refused(self, event: HookEvent, ctx: HookContext, error: LimitError) -> None:
+        """Counted and logged (``EventRunner``), and recorded in the dead-letter stream: the
+        event was not published, so no async hook will see it."""
+        super().refused(event, ctx, error)
+        self.stats["refused"] += 1
+        tool, _ = tool_of(ctx)
+        self.spawn(
+            dead_letter(
+                self.redis,
+                self.keys,
+                self.keys.events,
+                f"{event.value} refused: {error}",
+                b"",
+                event=event.value,
+                session_id=str(session_of(ctx))[:300],
+                tool_name=str(tool or "")[:300],
+                by=self.source,
+            )
+        )
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
         traceparent, tracestate = telemetry.headers()
-        encoded = raw(ctx)
+        encoded = msgspec.Raw(inspected(ctx))  # checked against the limits already
         message = EventMessage(
             id=new_id(),
             ts=now_ms(),
@@ -216,10 +243,11 @@ class Coordinator(EventRunner):
         # A backstop cap only: retention (bus/retention.py) trims history without losing
         # what a group has not handled yet.
         _dispatch.set((message.id, ctx, encoded))
-        payload = encode(message)
-        if len(payload) > MAX_MESSAGE_BYTES:
+        try:
+            payload = encode(message)
+        except LimitError as exc:
             self.stats["oversized_events"] += 1
-            log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
+            _failures.warning("%s event not published: %s", event, exc)
             return
         self._enqueue(self.keys.events, payload, HARD_CAP_FACTOR * self.bus.events_maxlen, None)
 
@@ -313,18 +341,16 @@ class Coordinator(EventRunner):
             hook=hook,
             event=event,
             session_id=session_of(ctx),
-            context=encoded if published is ctx and encoded is not None else raw(ctx),
+            context=(
+                encoded if published is ctx and encoded is not None else msgspec.Raw(inspected(ctx))
+            ),
             deadline=now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
             event_id=event_id if published is ctx else "",
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        payload = encode(request)
-        if len(payload) > MAX_MESSAGE_BYTES:
-            raise ProtocolError(
-                f"request of {len(payload)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit"
-            )
+        payload = encode(request)  # LimitError: this hook fails, under its policy
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
         future.add_done_callback(lambda _: self._waiting.pop(request.id, None))
@@ -397,7 +423,7 @@ class Coordinator(EventRunner):
                 continue
             if request_id is None:
                 self.stats["publish_failures"] += 1
-                log.warning("could not publish an event to %s: %s", stream, result)
+                _failures.warning("could not publish an event to %s: %s", stream, result)
                 continue
             future = self._waiting.get(request_id)
             if future is not None and not future.done():
@@ -418,7 +444,11 @@ class Coordinator(EventRunner):
                 continue
             if popped:
                 for data in cast(list[bytes], popped[1]):
-                    self._deliver(data)
+                    try:
+                        self._deliver(data)
+                    except Exception:  # no reply can stop the reader that all dispatches need
+                        self.stats["malformed_replies"] += 1
+                        _failures.error("could not deliver a reply", exc_info=True)
                 # Let the dispatches waiting on these replies run (future callback, then their
                 # task) before this reader spends time re-arming its blocking read.
                 await asyncio.sleep(0)
@@ -429,7 +459,7 @@ class Coordinator(EventRunner):
             reply = decode(data, HookReply)
         except ProtocolError as exc:
             self.stats["malformed_replies"] += 1
-            log.warning("dropping a malformed reply in %s: %s", self.inbox, exc)
+            _failures.warning("dropping a malformed reply in %s: %s", self.inbox, exc)
             return
         future = self._waiting.get(reply.request_id)
         if future is None or future.done():
@@ -466,7 +496,7 @@ class Coordinator(EventRunner):
                     try:
                         note = decode(message["data"], ControlMessage)
                     except ProtocolError as exc:
-                        log.warning("ignoring a malformed control message: %s", exc)
+                        _failures.warning("ignoring a malformed control message: %s", exc)
                         continue
                     if note.type == "session":
                         self.session_changed(note.session_id)
