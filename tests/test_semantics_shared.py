@@ -281,8 +281,9 @@ async def test_input_no_hook_could_inspect_is_refused_whatever_the_policies(
     assert not calls.exists()  # no hook was shown any of it
     # Nesting inside strings is text: the hook sees it and answers.
     text = "[{" * 40_000
-    result = await runner.run_post_tool_use(
-        PostToolUseContext(session_id="s1", tool_name="t", tool_args=nested(60), output_content=text)
+    post = PostToolUseContext(
+        session_id="s1", tool_name="t", tool_args=nested(60), output_content=text
     )
+    result = await runner.run_post_tool_use(post)
     assert result.final_content == text and result.warnings == ("seen",)
     assert calls.read_text().split()[0] == POST
