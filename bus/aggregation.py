@@ -340,3 +340,31 @@ def aggregate_notify(event: HookEvent, outcomes: Sequence[Outcome]) -> NotifyRes
     return NotifyResult(
         called=tuple(o.spec.name for o in outcomes), skipped=skipped_of(event, outcomes)
     )
+
+
+#: The name a refusal gives as the blocker: the dispatcher itself, not a hook.
+REFUSER = "HookBus"
+#: What replaces tool output that no hook could be shown.
+WITHHELD = "[output withheld by HookBus: no hook could inspect it ({reason})]"
+
+
+def refusal(event: HookEvent, why: str) -> Any:
+    """The result of a dispatch whose context no hook could be shown (too large, too deep, not
+    encodable: ``why`` names the limit). Input no hook inspected is never approved by default,
+    whatever the hooks' failure policies: PreToolUse is blocked, PermissionRequest denied,
+    tool output withheld; a notification reaches no hook (``None`` for PermissionDenied)."""
+    reason = f"input refused: {why}; no hook could inspect it"
+    if event == HookEvent.PRE_TOOL_USE:
+        return PreToolUseResult(
+            action=Block(reason=reason),
+            final_args={},
+            blocking_errors=(BlockingError(REFUSER, reason),),
+        )
+    if event == HookEvent.PERMISSION_REQUEST:
+        return PermissionRequestResult(
+            action=Override(decision=PermissionDecision.DENY, reason=reason),
+            overridden_by=REFUSER,
+        )
+    if event in (HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE):
+        return PostToolUseResult(final_content=WITHHELD.format(reason=why), warnings=(reason,))
+    return NotifyResult(called=(), skipped=())

@@ -15,9 +15,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from bus.errors import RedisAuthError
 from bus.keys import Keys
 from bus.protocol import DATA_FIELD, now_ms
+from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.redis")
+_failures = RateLimitedLog(log)
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
@@ -306,6 +308,8 @@ async def consume(
         except UNREACHABLE as exc:  # lost while handling: what was not acknowledged stays
             log.warning("Redis unreachable while handling %s (%s); retrying", stream, exc)
             await asyncio.sleep(backoff)
+        except Exception:  # no message stops the loop; what was not acknowledged is claimed
+            _failures.error("handling a batch of %s failed", stream, exc_info=True)
 
 
 async def keep_and_claim(
@@ -355,4 +359,4 @@ async def dead_letter(
     try:
         await redis.xadd(keys.dlq, entry, maxlen=100_000, approximate=True)
     except UNREACHABLE as exc:
-        log.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)
+        _failures.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)

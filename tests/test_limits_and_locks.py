@@ -57,16 +57,27 @@ async def test_oversized_tool_output_is_cut_with_a_marker_before_hooks_see_it() 
     assert seen and seen[0] < 1100
 
 
-async def test_an_oversized_request_is_refused_not_sent(
+async def test_an_oversized_context_is_refused_not_sent_whatever_the_policy(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    procs.scripted(bus_settings, HookConfig(name="Strict", failure_policy="fail"))
+    """No hook could be shown a 2 MB context: blocked with the limit named (even though the
+    only hook's policy is "ignore"), nothing sent to the hook, the refusal dead-lettered."""
+    procs.scripted(bus_settings, HookConfig(name="Lenient", failure_policy="ignore"))
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
-        await wait_live(client, "Strict")
+        await wait_live(client, "Lenient")
         huge = PreToolUseContext(session_id="s", tool_name="t", tool_args={"blob": "y" * 2_000_000})
         result = await client.run_pre_tool_use(huge)
-        assert result.is_blocked and "over the 1048576-byte limit" in result.action.reason
-        assert client.stats["oversized_events"] == 1
+        assert result.is_blocked
+        assert "over the 1032192-byte limit (MAX_CONTEXT_BYTES)" in result.action.reason
+        assert result.final_args == {} and client.stats["refused"] == 1
+        await client.drain(timeout=5)
+        letters = await client.redis.xrange(client.keys.dlq)
+        assert [(f[b"event"], f[b"source"]) for _, f in letters] == [
+            (b"PreToolUse", client.keys.events.encode())
+        ]
+        assert b"MAX_CONTEXT_BYTES" in letters[0][1][b"reason"]
+        assert await client.redis.xlen(client.keys.requests("Lenient")) == 0
+        assert await client.redis.xlen(client.keys.events) == 0
 
 
 PRE_ANSWERS = [

@@ -17,17 +17,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
 from redis.exceptions import RedisError
 
 from bus import telemetry
+from bus.aggregation import refusal
 from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.coordinator import Coordinator, dispatch_source
 from bus.dispatch import deadline_cap
-from bus.errors import InvalidInputError, ProtocolError
+from bus.errors import InvalidInputError, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent
 from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
@@ -36,16 +37,26 @@ from bus.protocol import (
     DecisionRequest,
     decode,
     decode_context,
+    decode_head,
     encode,
     new_id,
     now_ms,
 )
+from bus.ratelog import RateLimitedLog
 from bus.redis_io import UNREACHABLE, Entry, consume, dead_letter, ensure_group, keep_and_claim
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
+_failures = RateLimitedLog(log)
+#: Events whose result decides something: a result that cannot be sent becomes a refusal.
+_DECIDING = (
+    HookEvent.PRE_TOOL_USE,
+    HookEvent.PERMISSION_REQUEST,
+    HookEvent.POST_TOOL_USE,
+    HookEvent.POST_TOOL_USE_FAILURE,
+)
 
 
 class _ReplyTo(msgspec.Struct):
@@ -53,6 +64,14 @@ class _ReplyTo(msgspec.Struct):
 
     id: str = ""
     reply_to: str = ""
+
+
+class _Head(_ReplyTo):
+    """Enough of a request too deep or too large to decode to decide it."""
+
+    event: str = ""
+    ts: int = 0
+    timeout_ms: int = 30_000
 
 
 class Asked(Protocol):
@@ -149,6 +168,7 @@ class CoordinatorService:
         self.stats = {
             "answered": 0,
             "rejected": 0,
+            "refused": 0,
             "dead_lettered": 0,
             "expired": 0,
             "claimed": 0,
@@ -201,7 +221,7 @@ class CoordinatorService:
     def _start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         if entry_id in self._in_flight:
             return
-        task = asyncio.create_task(self._answer(entry_id, fields))
+        task = asyncio.create_task(self._answer_safely(entry_id, fields))
         self._in_flight[entry_id] = task
         task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
 
@@ -220,12 +240,35 @@ class CoordinatorService:
                     idle_ms,
                 ):
                     self.stats["claimed"] += 1
-                    log.info("took over decision request %s from a silent replica", entry_id)
+                    _failures.info("took over decision request %s from a silent replica", entry_id)
                     self._start(entry_id, fields)
             except UNREACHABLE as exc:
                 log.debug("claiming failed: %s", exc)
+            except Exception:  # claiming outlives anything
+                _failures.error("claim pass failed", exc_info=True)
             self.expired.tick()
             await asyncio.sleep(self.settings.claim_idle_secs / 3)
+
+    async def _answer_safely(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        """``_answer``; anything it raises besides Redis being away makes the request a dead
+        letter, acknowledged once: no request stops this replica or comes back forever."""
+        try:
+            await self._answer(entry_id, fields)
+        except UNREACHABLE as exc:  # left pending: taken over or retried once Redis is back
+            _failures.warning("decision request %s not answered: %s", entry_id.decode(), exc)
+        except Exception as exc:
+            self.stats["dead_lettered"] += 1
+            _failures.error(
+                "decision request %s could not be answered; dead-lettered: %r",
+                entry_id.decode(),
+                exc,
+                exc_info=True,
+            )
+            data = (fields or {}).get(DATA_FIELD.encode(), b"")
+            why = f"could not be answered: {type(exc).__name__}: {exc}"
+            await dead_letter(self.redis, self.keys, self.keys.decisions, why, data)
+            with contextlib.suppress(*UNREACHABLE):
+                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
@@ -235,6 +278,9 @@ class CoordinatorService:
                 raise ProtocolError(
                     f"reply_to must be a key under {self.keys.prefix}:inbox:", "$.reply_to"
                 )
+        except LimitError as exc:
+            await self._refuse(entry_id, data, exc)
+            return
         except InvalidInputError as exc:
             await self._reject(entry_id, data, exc)
             return
@@ -278,22 +324,47 @@ class CoordinatorService:
             )
         return taken
 
+    async def _refuse(self, entry_id: bytes, data: bytes, exc: LimitError) -> None:
+        """A request whose context no hook could be shown (too large, too deep): decided at once
+        as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
+        whatever the hooks' policies, and recorded as a dead letter. A request whose event or
+        reply_to cannot be read is rejected as any other malformed one."""
+        head = decode_head(data, _Head)
+        try:
+            event = HookEvent(head.event) if head is not None else None
+        except ValueError:
+            event = None
+        if head is None or event is None or not self.keys.is_inbox(head.reply_to):
+            await self._reject(entry_id, data, exc)
+            return
+        self.stats["refused"] += 1
+        _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
+        why = f"{event.value} refused: {exc}"
+        await dead_letter(self.redis, self.keys, self.keys.decisions, why, data)
+        if head.ts and head.ts + head.timeout_ms < now_ms():
+            self.stats["expired"] += 1
+            with contextlib.suppress(*UNREACHABLE):
+                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+            return
+        result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(exc))
+        reply = DecisionReply(
+            id=new_id(), ts=now_ms(), request_id=head.id, event=event, result=result
+        )
+        await self._send(entry_id, head.reply_to, reply)
+
     async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""
         self.stats["rejected"] += 1
-        log.warning("rejected decision request %s: %s", entry_id.decode(), exc)
-        try:
-            head = msgspec.json.decode(data, type=_ReplyTo)
-        except msgspec.DecodeError:
-            head = _ReplyTo()
+        _failures.warning("rejected decision request %s: %s", entry_id.decode(), exc)
+        head = decode_head(data, _ReplyTo) or _ReplyTo()
         if self.keys.is_inbox(head.reply_to):
             reply = DecisionReply(
                 id=new_id(),
                 ts=now_ms(),
                 request_id=head.id,
                 status="error",
-                error=str(exc),
-                field=field,
+                error=str(exc)[:4000],
+                field=field[:300],
             )
             await self._send(entry_id, head.reply_to, reply)
         else:
@@ -301,12 +372,24 @@ class CoordinatorService:
             await dead_letter(self.redis, self.keys, self.keys.decisions, str(exc), data)
             await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
 
-    async def _send(self, entry_id: bytes, reply_to: str, reply: Any) -> None:
+    async def _send(self, entry_id: bytes, reply_to: str, reply: DecisionReply) -> None:
+        try:
+            payload = encode(reply)
+        except LimitError as exc:
+            # A result too deep or too large to send (a hook's answer echoed in it): a deciding
+            # event gets the refusal instead, never an approval by default; others an error.
+            why = f"its result could not be sent: {exc}"
+            _failures.warning("decision %s %s", reply.request_id, why)
+            if reply.event in _DECIDING:
+                fallback = msgspec.structs.replace(reply, result=refusal(reply.event, why))
+            else:
+                fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
+            payload = encode(fallback)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(reply_to, encode(reply))
+                pipe.rpush(reply_to, payload)
                 pipe.pexpire(reply_to, REPLY_TTL_MS)
                 pipe.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
-            log.warning("could not answer %s: %s", reply.request_id, exc)
+            _failures.warning("could not answer %s: %s", reply.request_id, exc)

@@ -33,7 +33,7 @@ from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
 from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.dispatch import eager
-from bus.errors import ConfigError, ProtocolError
+from bus.errors import ConfigError, LimitError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, AsyncAgentHook, spec_of
 from bus.keys import WORKERS_GROUP, Keys, check_name
@@ -45,10 +45,12 @@ from bus.protocol import (
     HookRequest,
     decode,
     decode_context,
+    decode_head,
     encode,
     new_id,
     now_ms,
 )
+from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     Entry,
     connect,
@@ -61,6 +63,7 @@ from bus.redis_io import (
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
+_failures = RateLimitedLog(log)
 REPLY_TTL_MS = 60_000
 
 
@@ -220,11 +223,7 @@ class HookWorker:
         await self._slots.acquire()
         self._in_flight[entry_id] = None
         # Eagerly: the reply is on the wire before this replica re-arms its blocking read.
-        try:
-            done, rest = eager(self._handle(entry_id, fields))
-        except Exception:
-            log.exception("request %s could not be handled", entry_id.decode())
-            done = True
+        done, rest = eager(self._handle_safely(entry_id, fields))
         if done:
             self._finished(entry_id)
             return
@@ -237,6 +236,26 @@ class HookWorker:
         self._slots.release()
 
     # -- one request ---------------------------------------------------------------------------
+
+    async def _handle_safely(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
+        """``_handle``, and whatever it raises besides Redis being away makes the entry a dead
+        letter, acknowledged once: a message never stops this replica, nor comes back."""
+        try:
+            await self._handle(entry_id, fields)
+        except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
+            _failures.warning("request %s not handled, Redis away: %s", entry_id.decode(), exc)
+        except Exception as exc:
+            self.stats["malformed"] += 1
+            _failures.error(
+                "request %s could not be handled; dead-lettered: %r",
+                entry_id.decode(),
+                exc,
+                exc_info=True,
+            )
+            data = (fields or {}).get(DATA_FIELD.encode(), b"")
+            why = f"could not be handled: {type(exc).__name__}: {exc}"
+            await dead_letter(self.redis, self.keys, self.stream, why, data)
+            await self._ack(entry_id)
 
     async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
         data = (fields or {}).get(DATA_FIELD.encode())
@@ -251,7 +270,7 @@ class HookWorker:
                 raise ProtocolError(f"reply_to {request.reply_to!r} is not an inbox", "$.reply_to")
         except ProtocolError as exc:
             self.stats["malformed"] += 1
-            log.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
+            _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
             await dead_letter(self.redis, self.keys, self.stream, str(exc), data or b"")
             await self._refuse(data or b"", exc)
             await self._ack(entry_id)
@@ -290,14 +309,22 @@ class HookWorker:
             tracestate=request.tracestate,
         )
         try:
+            payload = encode(reply)
+        except LimitError as exc:  # an answer too deep or too large to send fails the hook
+            self.stats["errors"] += 1
+            error = f"the hook's answer could not be sent: {exc}"
+            payload = encode(
+                msgspec.structs.replace(reply, status="error", action=None, error=error)
+            )
+        try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(request.reply_to, encode(reply))
+                pipe.rpush(request.reply_to, payload)
                 pipe.pexpire(request.reply_to, REPLY_TTL_MS)
                 pipe.xack(self.stream, WORKERS_GROUP, entry_id)
                 await pipe.execute()
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
-            log.warning("could not reply to %s: %s", request.id, exc)
+            _failures.warning("could not reply to %s: %s", request.id, exc)
 
     async def _run_hook(
         self, request: HookRequest, ctx: Any, remaining: float
@@ -347,11 +374,8 @@ class HookWorker:
 
     async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
         """Tell the requester at once, when it can be told, instead of letting it time out."""
-        try:
-            head = msgspec.json.decode(data, type=_Head)
-        except msgspec.DecodeError:
-            return
-        if not (head.id and self.keys.is_inbox(head.reply_to)):
+        head = decode_head(data, _Head)
+        if head is None or not (head.id and self.keys.is_inbox(head.reply_to)):
             return
         reply = HookReply(
             id=new_id(),
@@ -360,9 +384,9 @@ class HookWorker:
             hook=self.spec.name,
             replica=self.replica,
             status="error",
-            error=f"malformed request: {exc}",
+            error=f"malformed request: {exc}"[:4000],
         )
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(RedisError, OSError, ProtocolError):
             await self.redis.rpush(head.reply_to, encode(reply))
             await self.redis.pexpire(head.reply_to, REPLY_TTL_MS)
 
@@ -390,6 +414,8 @@ class HookWorker:
                     await self._start(entry_id, fields)
             except (RedisError, OSError) as exc:
                 log.debug("keep-alive failed: %s", exc)
+            except Exception:  # the keep-alive outlives anything: heartbeats and takeovers
+                _failures.error("keep-alive pass failed", exc_info=True)
             self.expired.tick()
             await asyncio.sleep(interval)
 
