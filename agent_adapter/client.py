@@ -88,5 +88,7 @@ class HookClient(Coordinator):
             self.forget_session(ctx.session_id)
 
     async def cancel(self, session_id: str) -> None:
-        """Cancel a session wherever its agent runs (its next tool call is blocked)."""
-        await self.redis.set(self.keys.cancelled(session_id), b"1", ex=self.bus.session_ttl_secs)
+        """Cancel a session wherever its agent runs (its next tool call is blocked). An agent
+        may only add to ``{p}:cancelled:{sid}`` (SADD): it cannot lift a cancellation, nor
+        shorten one; the CancellationHook starts its TTL."""
+        await self.redis.sadd(self.keys.cancelled(session_id), "agent")

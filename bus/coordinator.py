@@ -250,7 +250,7 @@ class Coordinator(EventRunner):
             dead_letter(
                 self.redis,
                 self.keys,
-                self.keys.events,
+                self.keys.events(str(session_of(ctx))),
                 f"{event.value} refused: {error}",
                 b"",
                 event=event.value,

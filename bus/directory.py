@@ -1,6 +1,7 @@
 """The coordinator's live view of registered hook services: manifests and live replicas.
 
-Refreshed every ``refresh_secs`` from ``{p}:hooks`` and each hook's replica set, and at once
+Refreshed every ``refresh_secs`` from ``{p}:hooks`` (the names), each hook's manifest and replica
+set, and at once
 when a ``{p}:control`` announcement arrives. A hook whose manifest is malformed is left out,
 logged and counted — it never breaks the view of the others. Liveness is judged on Redis's
 clock (bus/clock.py); a hook whose live replicas all report a clock offset beyond the bound is
@@ -10,8 +11,10 @@ listed in ``skewed``.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
 from redis.asyncio import Redis
@@ -40,6 +43,34 @@ class RemoteTarget:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+async def write_manifest(
+    redis: Redis, keys: Keys, name: str, manifest: bytes, *, only_if_absent: bool = False
+) -> bool:
+    """Register a hook: its manifest under ``{p}:hook:{NAME}:manifest`` and its name in
+    ``{p}:hooks``. ``only_if_absent``: keep a manifest already there (a heartbeat's re-announce
+    never overwrites what a replica of a newer release wrote). True if the manifest was written."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.set(keys.manifest(name), manifest, nx=only_if_absent)
+        pipe.sadd(keys.hooks, name)
+        written, _ = await pipe.execute()
+    return bool(written)
+
+
+async def read_manifest(redis: Redis, keys: Keys, name: str) -> bytes | None:
+    """One hook's manifest, or None if it is not registered."""
+    return cast(bytes | None, await redis.get(keys.manifest(name)))
+
+
+async def read_manifests(redis: Redis, keys: Keys) -> dict[str, bytes]:
+    """Every registered hook's manifest by name (names without a manifest are left out)."""
+    names = sorted(_text(m) for m in await redis.smembers(keys.hooks))
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.get(keys.manifest(name))
+        found = await pipe.execute()
+    return {name: data for name, data in zip(names, found, strict=True) if data is not None}
 
 
 def _all_skewed(live: list[bytes], clocks: dict[bytes, bytes]) -> int | None:
@@ -100,18 +131,34 @@ class HookDirectory:
     async def refresh(self) -> None:
         """Re-read every manifest and count live replicas (two round trips)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self._keys.hooks)
+            pipe.smembers(self._keys.hooks)
             pipe.hgetall(self._keys.modes)
             pipe.get(self._keys.breakglass)
-            raw, overrides, glass = await pipe.execute()
+            members, overrides, glass = await pipe.execute()
         self.breakglass = self._read_breakglass(glass)
         modes = {_text(k): _text(v) for k, v in overrides.items()}
+        names = sorted(_text(m) for m in members)
+        live_since = self.clock.now_ms() - self._liveness_ms
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.get(self._keys.manifest(name))
+                pipe.zrange(self._keys.replicas(name), live_since, "+inf", byscore=True)
+                pipe.hgetall(self._keys.clocks(name))
+            replies = await pipe.execute()
+        raw = {
+            name: (data, live, clocks)
+            for name, data, live, clocks in zip(
+                names, replies[::3], replies[1::3], replies[2::3], strict=True
+            )
+            if data is not None
+        }
         manifests: list[HookManifest] = []
-        for name, data in raw.items():
+        counts, skewed = [], {}
+        for name, (data, live, clocks) in raw.items():
             try:
                 manifest = decode(data, HookManifest)
-                if manifest.name != _text(name):
-                    raise InvalidInputError(f"manifest under {name!r} names {manifest.name!r}")
+                if manifest.name != name:
+                    raise InvalidInputError(f"manifest of {name!r} names {manifest.name!r}")
                 manifest.spec()  # validates its patterns
                 mode = modes.get(manifest.name)
                 if mode in MODES and mode != manifest.mode:
@@ -121,18 +168,10 @@ class HookDirectory:
                 log.warning("ignoring malformed manifest for hook %r: %s", name, exc)
                 continue
             manifests.append(manifest)
-        live_since = self.clock.now_ms() - self._liveness_ms
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for m in manifests:
-                pipe.zrange(self._keys.replicas(m.name), live_since, "+inf", byscore=True)
-                pipe.hgetall(self._keys.clocks(m.name))
-            replies = await pipe.execute()
-        counts, skewed = [], {}
-        for m, live, clocks in zip(manifests, replies[::2], replies[1::2], strict=True):
             counts.append(len(live))
             offset = _all_skewed(live, clocks)
             if offset is not None:
-                skewed[m.name] = offset
+                skewed[manifest.name] = offset
         self._note_skew(skewed)
         self._rebuild(manifests, counts)
 
@@ -167,6 +206,15 @@ class HookDirectory:
                 if target.spec.subscribes(event):
                     by_event[event].append(target)
         self.by_name, self.by_event, self.async_hooks = by_name, by_event, async_hooks
+
+    def shard(self, name: str, session_id: str) -> int:
+        """Which of a hook's request streams a session's requests go to (its manifest's
+        ``shards``; a session's requests stay in order in one)."""
+        target = self.by_name.get(name)
+        shards = target.manifest.shards if target is not None else 1
+        return (
+            0 if shards <= 1 else zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % shards
+        )
 
     def live(self, name: str) -> bool:
         target = self.by_name.get(name)

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Any
 from functools import cache
+from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -58,6 +58,8 @@ COORDINATORS_GROUP = "coordinators"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 #: Tenant names: no '.', so that a qualified session id ``TENANT/SID`` splits unambiguously.
 _TENANT = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+#: Most request streams one hook may be sharded over.
+MAX_SHARDS = 64
 #: Most partitions a bus may have (each is a stream every async hook group reads).
 MAX_PARTITIONS = 1024
 
@@ -74,7 +76,9 @@ def check_name(kind: str, value: str) -> str:
 def check_tenant(value: str) -> str:
     """Tenant names become parts of keys and of qualified session ids."""
     if not isinstance(value, str) or not _TENANT.match(value):
-        raise ConfigError(f"tenant {value!r} must be 1-64 characters of letters, digits, '_' or '-'")
+        raise ConfigError(
+            f"tenant {value!r} must be 1-64 characters of letters, digits, '_' or '-'"
+        )
     return value
 
 
@@ -124,8 +128,7 @@ class Keys:
         )
         #: ``{p}:decisions:{TAG}`` of each partition (trusted foreign agents' requests).
         self.decision_partitions = tuple(
-            f"{prefix}:decisions:{{{partition_tag('d', i, partitions)}}}"
-            for i in range(partitions)
+            f"{prefix}:decisions:{{{partition_tag('d', i, partitions)}}}" for i in range(partitions)
         )
         self.hooks = f"{prefix}:hooks"
         self.modes = f"{prefix}:modes"

@@ -91,6 +91,9 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
     scope: Literal["global", "session"] = "global"
     # enforce | warn | dryrun; an operator's `hookbus hooks mode` ({p}:modes) overrides it.
     mode: EnforcementMode = "enforce"
+    # How many request streams the hook reads ({p}:hook:{NAME}:requests, {p}:hook:{NAME#k}:…):
+    # a hot hook's requests spread over the cluster, a session's in order in one.
+    shards: int = 1
 
     def spec(self) -> HookSpec:
         """The dispatcher's view of this hook (raises PatternError on bad patterns)."""
@@ -135,6 +138,16 @@ class DecisionRequest(_Envelope, frozen=True, kw_only=True):
     context: msgspec.Raw
     reply_to: str  # list key for the DecisionReply
     timeout_ms: int = 30_000  # how long the agent will wait; the dispatch stays within it
+
+
+class CancelRequest(_Envelope, frozen=True, kw_only=True):
+    """An agent cancels one of its own sessions through the coordinator service (``"op":
+    "cancel"`` on its decision stream): every later PreToolUse of the session is blocked until
+    the cancellation's TTL ends. Nothing lifts it early but an operator."""
+
+    op: Literal["cancel"]
+    session_id: str
+    reply_to: str
 
 
 class DecisionReply(_Envelope, frozen=True, kw_only=True):

@@ -330,6 +330,16 @@ async def keep_and_claim(
     return [(entry_id, fields) for entry_id, fields in result[1] if entry_id not in in_flight]
 
 
+async def cancel_session(redis: Redis, keys: Keys, session_id: str, ttl_secs: int, by: str) -> None:
+    """Mark a session cancelled (``{p}:cancelled:{sid}``, a set of who cancelled it) for
+    ``ttl_secs``. Only adds: lifting one takes a DEL, which only the operator may run."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.sadd(keys.cancelled(session_id), by)
+        pipe.expire(keys.cancelled(session_id), ttl_secs, nx=True)  # a new one: its TTL
+        pipe.expire(keys.cancelled(session_id), ttl_secs, gt=True)  # never shortens one
+        await pipe.execute()
+
+
 async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> None:
     """A replica's clean shutdown: its heartbeat goes, and the hook's ``stopped`` member
     records when (``hookbus hooks list`` then says "stopped", not "never")."""

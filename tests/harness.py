@@ -154,3 +154,10 @@ class Harness:
     async def close(self) -> None:
         if isinstance(self.runner, HookClient):
             await self.runner.close()
+
+
+def put_manifest(redis: Any, keys: Any, name: str, data: bytes) -> None:
+    """Register a manifest as a hook service does (``{p}:hook:{NAME}:manifest`` and its name in
+    ``{p}:hooks``), with a synchronous client: for tests that plant one, broken or not."""
+    redis.set(keys.manifest(name), data)
+    redis.sadd(keys.hooks, name)

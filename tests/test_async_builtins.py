@@ -89,17 +89,21 @@ async def test_retention_trims_history_but_never_what_a_group_still_needs(
     try:
         ids = []
         for i in range(300):
-            ids.append(await redis.xadd(keys.events, {DATA_FIELD: b"{}"}, id=f"{1000 + i}-0"))
-        await redis.xgroup_create(keys.events, "slow", id=ids[49])  # handled the first 50
-        await redis.xgroup_create(keys.events, "fast", id="$")
+            ids.append(
+                await redis.xadd(keys.event_partitions[0], {DATA_FIELD: b"{}"}, id=f"{1000 + i}-0")
+            )
+        await redis.xgroup_create(
+            keys.event_partitions[0], "slow", id=ids[49]
+        )  # handled the first 50
+        await redis.xgroup_create(keys.event_partitions[0], "fast", id="$")
         done = await trim_events(redis, keys, maxlen=100)
-        first = (await redis.xrange(keys.events, count=1))[0][0]
+        first = (await redis.xrange(keys.event_partitions[0], count=1))[0][0]
         assert int(first.split(b"-")[0]) <= 1050  # "slow" still needs entry 51 onwards
         assert done["trimmed"] <= 50
         # once "slow" catches up, history beyond maxlen goes (approximately)
-        await redis.xgroup_setid(keys.events, "slow", id="$")
+        await redis.xgroup_setid(keys.event_partitions[0], "slow", id="$")
         await trim_events(redis, keys, maxlen=100)
-        assert await redis.xlen(keys.events) < 300
+        assert await redis.xlen(keys.event_partitions[0]) < 300
     finally:
         await redis.aclose()
 
@@ -109,7 +113,7 @@ async def test_replay_range_copies_to_the_hooks_replay_stream(bus_settings: BusS
     redis = Redis.from_url(bus_settings.redis_url)
     try:
         for i in range(1, 1201):
-            await redis.xadd(keys.events, {DATA_FIELD: f'{{"n": {i}}}'}, id=f"{i}-0")
+            await redis.xadd(keys.event_partitions[0], {DATA_FIELD: f'{{"n": {i}}}'}, id=f"{i}-0")
         count = await replay_range(redis, keys, "Hook", "100", "1150")
         assert count == 1051
         copied = await redis.xrange(keys.replay("Hook"), count=1)

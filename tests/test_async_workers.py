@@ -43,7 +43,7 @@ async def publish(redis: Redis, keys: Keys, payloads: list[bytes], pace: float =
     for start in range(0, len(payloads), 1000):
         async with redis.pipeline(transaction=False) as pipe:
             for p in payloads[start : start + 1000]:
-                pipe.xadd(keys.events, {DATA_FIELD: p})
+                pipe.xadd(keys.event_partitions[0], {DATA_FIELD: p})
             await pipe.execute()
         if pace:
             await asyncio.sleep(pace)
@@ -181,7 +181,7 @@ async def test_malformed_entries_are_dead_lettered_and_the_worker_goes_on(
         ]  # fmt: skip
         async with redis.pipeline(transaction=False) as pipe:
             for i in range(1000):
-                pipe.xadd(keys.events, bad[i % len(bad)])
+                pipe.xadd(keys.event_partitions[0], bad[i % len(bad)])
             await pipe.execute()
         good = event(2)
         await publish(redis, keys, [good])
@@ -235,7 +235,7 @@ async def test_nogroup_is_recreated_and_logged(
     async_worker(procs, bus_settings, AsyncConfig(name="Phoenix", record=str(record)))
     try:
         await wait_group(redis, keys, "Phoenix")
-        await redis.delete(keys.events)  # the stream is wiped, groups and all
+        await redis.delete(keys.event_partitions[0])  # the stream is wiped, groups and all
         payload = event(4)
 
         async def handled_after_republishing() -> bool:
@@ -281,7 +281,7 @@ async def test_redis_lost_mid_batch_does_not_stop_the_worker(
         message_id = msgspec.json.decode(payload)["id"]
 
         async def settled() -> bool:
-            groups = await redis.xinfo_groups(keys.events)
+            groups = await redis.xinfo_groups(keys.event_partitions[0])
             mine = [g for g in groups if g["name"] == b"Sturdy"]
             return bool(mine) and mine[0]["pending"] == 0 and mine[0]["lag"] == 0
 

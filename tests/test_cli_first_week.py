@@ -78,8 +78,12 @@ def test_hooks_list_shows_the_mode_the_operator_set(
     bus_settings: BusSettings, r: redis.Redis
 ) -> None:
     keys = Keys(bus_settings.prefix)
-    r.hset(keys.hooks, "Guard", encode(HookManifest(name="Guard")))
-    r.hset(keys.hooks, "Shadow", encode(HookManifest(name="Shadow", mode="warn")))
+    r.sadd(keys.hooks, "Guard") and r.set(
+        keys.manifest("Guard"), encode(HookManifest(name="Guard"))
+    )
+    r.sadd(keys.hooks, "Shadow") and r.set(
+        keys.manifest("Shadow"), encode(HookManifest(name="Shadow", mode="warn"))
+    )
     rows = table_rows(ok(hookbus(bus_settings, "hooks", "list")))
     assert rows["Guard"][2] == "enforce" and rows["Shadow"][2] == "warn"
     ok(hookbus(bus_settings, "hooks", "mode", "Guard", "dryrun"))
@@ -113,7 +117,7 @@ def test_replay_refuses_an_unknown_hook(
     bus_settings: BusSettings, r: redis.Redis, dlq: bool
 ) -> None:
     keys = Keys(bus_settings.prefix)
-    r.xadd(keys.events, {"data": b"{}"})
+    r.xadd(keys.event_partitions[0], {"data": b"{}"})
     args = ["dlq", "replay", "NoSuchHook"] if dlq else ["replay", "NoSuchHook", "--from", "0"]
     result = hookbus(bus_settings, *args)
     assert result.returncode == 2, result.stdout
@@ -124,8 +128,10 @@ def test_replay_refuses_an_unknown_hook(
 
 def test_replay_refuses_a_sync_hook(bus_settings: BusSettings, r: redis.Redis) -> None:
     keys = Keys(bus_settings.prefix)
-    r.hset(keys.hooks, "Guard", encode(HookManifest(name="Guard", kind="sync")))
-    r.xadd(keys.events, {"data": b"{}"})
+    r.sadd(keys.hooks, "Guard") and r.set(
+        keys.manifest("Guard"), encode(HookManifest(name="Guard", kind="sync"))
+    )
+    r.xadd(keys.event_partitions[0], {"data": b"{}"})
     result = hookbus(bus_settings, "replay", "Guard", "--from", "0")
     assert result.returncode == 2, result.stdout
     assert "Guard is a sync hook: only async hooks read a replay stream" in result.stderr
@@ -134,8 +140,10 @@ def test_replay_refuses_a_sync_hook(bus_settings: BusSettings, r: redis.Redis) -
 
 def test_replay_still_feeds_an_async_hook(bus_settings: BusSettings, r: redis.Redis) -> None:
     keys = Keys(bus_settings.prefix)
-    r.hset(keys.hooks, "Audit", encode(HookManifest(name="Audit", kind="async")))
-    r.xadd(keys.events, {"data": b"{}"})
+    r.sadd(keys.hooks, "Audit") and r.set(
+        keys.manifest("Audit"), encode(HookManifest(name="Audit", kind="async"))
+    )
+    r.xadd(keys.event_partitions[0], {"data": b"{}"})
     assert "re-fed 1 events to Audit" in ok(hookbus(bus_settings, "replay", "Audit", "--from", "0"))
     assert r.xlen(keys.replay("Audit")) == 1
 

@@ -227,7 +227,7 @@ async def test_an_agent_clock_behind_by_more_than_timeout_ms_is_still_answered(
 
         def coordinator_group() -> bool:
             try:
-                groups = client.xinfo_groups(keys.decisions)
+                groups = client.xinfo_groups(keys.decision_partitions[0])
             except redis_sync.ResponseError:
                 return False
             return any(g["name"] == COORDINATORS_GROUP.encode() for g in groups)
@@ -236,11 +236,11 @@ async def test_an_agent_clock_behind_by_more_than_timeout_ms_is_still_answered(
         inbox = keys.inbox("late-agent")
         for request_id, skew_ms in (("behind", -60_000), ("ahead", 60_000)):
             request = {
-                "v": 1, "id": request_id, "ts": now_ms() + skew_ms, "event": "PreToolUse",
+                "v": 2, "id": request_id, "ts": now_ms() + skew_ms, "event": "PreToolUse",
                 "context": {"session_id": "s", "tool_name": "act", "tool_args": {}, "step": 1},
                 "reply_to": inbox, "timeout_ms": 5000,
             }  # fmt: skip
-            client.xadd(keys.decisions, {DATA_FIELD: json.dumps(request)})
+            client.xadd(keys.decision_partitions[0], {DATA_FIELD: json.dumps(request)})
             reply = client.blpop([inbox], timeout=20)
             assert reply is not None, f"request {request_id} was dropped"
             answer = json.loads(reply[1])

@@ -197,8 +197,12 @@ async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
         # a malformed reply in the coordinator's inbox: dropped and counted
         await redis.rpush(client.inbox, b"not json")
         # a malformed manifest: left out of the directory and counted
-        await redis.hset(keys.hooks, "Broken", b'{"name": "Broken", "tool_names": ["a*b"]}')
-        await redis.hset(keys.hooks, "Junk", b"{{{")
+        for name, data in (
+            ("Broken", b'{"name": "Broken", "tool_names": ["a*b"]}'),
+            ("Junk", b"{{{"),
+        ):
+            await redis.set(keys.manifest(name), data)
+            await redis.sadd(keys.hooks, name)
         await wait_for(lambda: client.stats["malformed_replies"] == 1, what="reply rejected")
         await wait_for(lambda: client.directory.malformed >= 2, what="manifests rejected")
         dlq: list[Any] = []
@@ -324,8 +328,11 @@ async def test_hookbus_cancel_blocks_the_sessions_next_tool_call(
         result = await client.run_pre_tool_use(ctx("victim"))
         assert result.is_blocked and "cancelled by the user" in result.action.reason
         assert not (await client.run_pre_tool_use(ctx("bystander"))).is_blocked
+        # No OnSessionStop lifts an operator's cancellation: only its TTL ends it.
         await client.run_on_session_stop(SessionStopContext(session_id="victim"))
-        assert not (await client.run_pre_tool_use(ctx("victim"))).is_blocked
+        assert (await client.run_pre_tool_use(ctx("victim"))).is_blocked
+        ttl = await client.redis.ttl(Keys.of(bus_settings).cancelled("victim"))
+        assert 0 < ttl <= bus_settings.session_ttl_secs
     finally:
         await client.close()
 
@@ -339,13 +346,13 @@ async def test_events_are_published_to_the_events_stream(bus_settings: BusSettin
         keys = Keys(bus_settings.prefix)
 
         async def both_events() -> list[Any]:
-            entries = await client.redis.xrange(keys.events)
+            entries = await client.redis.xrange(keys.event_partitions[0])
             return entries if len(entries) >= 2 else []
 
         entries = await wait_for(both_events, timeout=5, what="both events on the stream")
         events = [json.loads(f[DATA_FIELD.encode()]) for _, f in entries]
         assert [e["event"] for e in events] == ["PreToolUse", "OnSessionStop"]
-        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 1
+        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 2
     finally:
         await client.close()
 
@@ -370,7 +377,7 @@ async def test_coordinator_service_answers_foreign_agents(
     try:
 
         async def ask(message: dict[str, Any]) -> dict[str, Any]:
-            await redis.xadd(keys.decisions, {"data": json.dumps(message)})
+            await redis.xadd(keys.decision_partitions[0], {"data": json.dumps(message)})
             reply = await redis.blpop([message.get("reply_to", keys.inbox("node"))], timeout=15)
             assert reply is not None, "no reply from the coordinator service"
             return json.loads(reply[1])

@@ -89,7 +89,7 @@ def start_services(procs: Processes, settings: BusSettings, *hooks: HookConfig) 
 
 
 def check_envelope(reply: dict[str, Any]) -> None:
-    assert reply["v"] == 1 and HEX_ID.match(reply["id"]), reply
+    assert reply["v"] == 2 and HEX_ID.match(reply["id"]), reply
     assert isinstance(reply["ts"], int) and abs(reply["ts"] - now_ms()) < 60_000, reply
     assert HEX_ID.match(reply["request_id"]), reply
 
@@ -171,11 +171,11 @@ def test_schema_violations_get_error_replies_naming_the_field(
     keys = Keys(bus_settings.prefix)
     # A raw foreign message (any language), straight onto the stream.
     bad = {
-        "v": 1, "id": "bad-1", "ts": now_ms(), "event": "PreToolUse",
+        "v": 2, "id": "bad-1", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s1", "tool_name": 42}, "reply_to": keys.inbox("raw-client"),
     }  # fmt: skip
     with Redis.from_url(bus_settings.redis_url, socket_timeout=30) as redis:
-        redis.xadd(keys.decisions, {"data": json.dumps(bad)})
+        redis.xadd(keys.decision_partitions[0], {"data": json.dumps(bad)})
         popped = redis.blpop([keys.inbox("raw-client")], timeout=15)
     assert popped is not None, f"no error reply from the coordinator service\n{procs.logs()}"
     reply = json.loads(popped[1])

@@ -32,7 +32,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 VALID_REQUEST = {
-    "v": 1, "id": "r1", "ts": 1, "hook": "Fuzz", "event": "PreToolUse", "session_id": "s",
+    "v": 2, "id": "r1", "ts": 1, "hook": "Fuzz", "event": "PreToolUse", "session_id": "s",
     "context": {"session_id": "s", "tool_name": "t", "tool_args": {}}, "deadline": 1,
     "reply_to": "x:inbox:y",
 }  # fmt: skip
@@ -92,7 +92,7 @@ def test_every_decoder_refuses_deep_nesting_with_the_limit_named(kind: str, dept
     for data in (
         deep_json(depth),
         deep_json(depth, b"{"),
-        b'{"v":1,"id":"x","extra":' + deep_json(depth) + b"}",
+        b'{"v":2,"id":"x","extra":' + deep_json(depth) + b"}",
         b"[" * depth,  # never closed
     ):
         with pytest.raises(LimitError, match=r"the limit is 128 \(MAX_DEPTH\)"):

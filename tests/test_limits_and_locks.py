@@ -73,11 +73,11 @@ async def test_an_oversized_context_is_refused_not_sent_whatever_the_policy(
         await client.drain(timeout=5)
         letters = await client.redis.xrange(client.keys.dlq)
         assert [(f[b"event"], f[b"source"]) for _, f in letters] == [
-            (b"PreToolUse", client.keys.events.encode())
+            (b"PreToolUse", client.keys.event_partitions[0].encode())
         ]
         assert b"MAX_CONTEXT_BYTES" in letters[0][1][b"reason"]
         assert await client.redis.xlen(client.keys.requests("Lenient")) == 0
-        assert await client.redis.xlen(client.keys.events) == 0
+        assert await client.redis.xlen(client.keys.event_partitions[0]) == 0
 
 
 PRE_ANSWERS = [

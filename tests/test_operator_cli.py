@@ -23,7 +23,7 @@ from bus.keys import WORKERS_GROUP, Keys
 from bus.protocol import EventMessage, HookManifest, encode, new_id, now_ms, raw
 from bus.redis_io import connect
 from bus.settings import BusSettings
-from tests.harness import ROOT, wait_for, worker_env
+from tests.harness import ROOT, put_manifest, wait_for, worker_env
 from workers.operator import MANY, consumer_lag, list_hooks
 
 PRE = HookEvent.PRE_TOOL_USE
@@ -106,9 +106,11 @@ def register(r: redis.Redis, keys: Keys) -> None:
         name="Guard", events=[PRE], tool_names=["Bash"], failure_policy="fail", priority=5,
         timeout=2.0,
     )  # fmt: skip
-    r.hset(keys.hooks, "Guard", encode(guard))
-    r.hset(keys.hooks, "Audit", encode(HookManifest(name="Audit", kind="async")))
-    r.hset(keys.hooks, "Broken", b"{not json")
+    put_manifest(r, keys, "Guard", encode(guard))
+    r.sadd(keys.hooks, "Audit") and r.set(
+        keys.manifest("Audit"), encode(HookManifest(name="Audit", kind="async"))
+    )
+    put_manifest(r, keys, "Broken", b"{not json")
     now = now_ms()
     r.zadd(keys.replicas("Guard"), {"a": now, "b": now, "gone": now - 3_600_000})
 
@@ -149,10 +151,12 @@ async def test_list_hooks_counts_replicas_whose_heartbeat_is_within_liveness(
 def backlog(r: redis.Redis, keys: Keys) -> None:
     """Six events; group Audit has had two delivered (pending) and four not yet (lag)."""
     for i in range(6):
-        r.xadd(keys.events, pre(f"s{i}"))
-    r.xgroup_create(keys.events, "Audit", id="0")
-    r.xreadgroup("Audit", "replica-1", {keys.events: ">"}, count=2)
-    r.hset(keys.hooks, "Guard", encode(HookManifest(name="Guard")))
+        r.xadd(keys.event_partitions[0], pre(f"s{i}"))
+    r.xgroup_create(keys.event_partitions[0], "Audit", id="0")
+    r.xreadgroup("Audit", "replica-1", {keys.event_partitions[0]: ">"}, count=2)
+    r.sadd(keys.hooks, "Guard") and r.set(
+        keys.manifest("Guard"), encode(HookManifest(name="Guard"))
+    )
     r.xgroup_create(keys.requests("Guard"), WORKERS_GROUP, id="0", mkstream=True)
 
 
@@ -163,7 +167,7 @@ def test_lag_shows_each_groups_lag_pending_and_consumers(
     backlog(r, keys)
     out = ok(hookbus(bus_settings, "lag"))
     rows = table_rows(out)
-    audit = rows[keys.events]
+    audit = rows[keys.event_partitions[0]]
     assert audit[1:4] == ["Audit", "4", "2"]
     assert audit[4].endswith("s")  # the oldest pending entry's age
     assert audit[5] == "1"
@@ -171,7 +175,7 @@ def test_lag_shows_each_groups_lag_pending_and_consumers(
     assert "AT RISK" not in out
     # With a stream cap of 10 × 1, a backlog of 6 is past half of it.
     risky = table_rows(ok(hookbus(bus_settings, "lag", HOOKBUS_EVENTS_MAXLEN="1")))
-    assert "AT RISK" in risky[keys.events][-1]
+    assert "AT RISK" in risky[keys.event_partitions[0]][-1]
 
 
 async def test_consumer_lag_reports_at_risk_past_half_the_hard_cap(
@@ -234,20 +238,20 @@ async def test_events_tail_prints_exactly_the_matching_events_then_exits_after_c
     bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
 ) -> None:
     keys = Keys(bus_settings.prefix)
-    r.xadd(keys.events, pre("before"))  # already there: not new, never shown
+    r.xadd(keys.event_partitions[0], pre("before"))  # already there: not new, never shown
     tail = Tail(bus_settings, tmp_path, "--event", "PreToolUse", "--count", "2")
     try:
         await tail.ready()
         with r.pipeline(transaction=False) as pipe:
-            pipe.xadd(keys.events, post("s1"))
-            pipe.xadd(keys.events, {"data": b"not json"})
-            pipe.xadd(keys.events, pre("s1", "Bash"))
+            pipe.xadd(keys.event_partitions[0], post("s1"))
+            pipe.xadd(keys.event_partitions[0], {"data": b"not json"})
+            pipe.xadd(keys.event_partitions[0], pre("s1", "Bash"))
             pipe.xadd(
-                keys.events,
+                keys.event_partitions[0],
                 event(HookEvent.ON_SESSION_START, SessionStartContext(session_id="s2"), "s2"),
             )
-            pipe.xadd(keys.events, pre("s2", "Read"))
-            pipe.xadd(keys.events, pre("s3", "Write"))  # past --count
+            pipe.xadd(keys.event_partitions[0], pre("s2", "Read"))
+            pipe.xadd(keys.event_partitions[0], pre("s3", "Write"))  # past --count
             pipe.execute()
         lines = tail.finish()
     finally:
@@ -266,8 +270,8 @@ async def test_events_tail_filters_by_session(
     tail = Tail(bus_settings, tmp_path, "--session", "s2", "--count", "1")
     try:
         await tail.ready()
-        r.xadd(keys.events, pre("s1"))
-        r.xadd(keys.events, post("s2"))
+        r.xadd(keys.event_partitions[0], pre("s1"))
+        r.xadd(keys.event_partitions[0], post("s2"))
         lines = tail.finish()
     finally:
         tail.kill()
@@ -291,11 +295,11 @@ def dead_letters(r: redis.Redis, keys: Keys) -> list[str]:
     data = pre("s1")["data"]
     long_reason = "failed 5 deliveries; last: ValueError: " + "x" * 300
     fields: list[dict[str, Any]] = [
-        {"source": keys.events, "reason": long_reason, "data": data, "ts": now_ms(),
+        {"source": keys.event_partitions[0], "reason": long_reason, "data": data, "ts": now_ms(),
          "hook": "h1", "entry_id": "1-0", "deliveries": "5"},
-        {"source": keys.events, "reason": "timed out", "data": data, "ts": now_ms(),
+        {"source": keys.event_partitions[0], "reason": "timed out", "data": data, "ts": now_ms(),
          "hook": "h1", "entry_id": "2-0", "deliveries": "5"},
-        {"source": keys.events, "reason": "boom", "data": data, "ts": now_ms(),
+        {"source": keys.event_partitions[0], "reason": "boom", "data": data, "ts": now_ms(),
          "hook": "h2", "entry_id": "3-0", "deliveries": "5"},
         {"source": keys.requests("Guard"), "reason": "malformed HookRequest", "data": "not [json",
          "ts": now_ms()},
@@ -343,7 +347,9 @@ def test_dlq_replay_refeeds_one_hooks_dead_letters(
 ) -> None:
     keys = Keys(bus_settings.prefix)
     ids = dead_letters(r, keys)
-    r.hset(keys.hooks, "h1", encode(HookManifest(name="h1", kind="async")))
+    r.sadd(keys.hooks, "h1") and r.set(
+        keys.manifest("h1"), encode(HookManifest(name="h1", kind="async"))
+    )
     out = ok(hookbus(bus_settings, "dlq", "replay", "h1"))
     assert "re-fed 2 dead letters to h1" in out
     assert r.xlen(keys.replay("h1")) == 2

@@ -42,6 +42,7 @@ from redis.exceptions import ResponseError
 
 from bus import telemetry
 from bus.clock import START_SAMPLES, RedisClock
+from bus.directory import write_manifest
 from bus.dispatch import eager
 from bus.errors import ProtocolError
 from bus.events import TOOL_EVENTS, session_of, tool_of
@@ -104,10 +105,14 @@ class AsyncHookWorker:
         self.group = check_name("hook name", self.spec.name)
         self.settings = settings
         self.keys = Keys.of(settings)
-        # The events, the hook's own replay stream, and the audit trail if it follows it.
-        self.streams: tuple[str, ...] = (self.keys.events, self.keys.replay(self.group))
+        # The events (every partition), the hook's own replay stream, and the audit trail if it
+        # follows it (the side streams).
+        self.events = self.keys.event_partitions
+        self.sides: tuple[str, ...] = (self.keys.replay(self.group),)
         if hook.follows_audit_trail:
-            self.streams += (self.keys.audit,)
+            self.sides += (self.keys.audit,)
+        self.streams = self.events + self.sides
+        self._turn = 0  # the partition read first next time: each gets its turn
         self.start = start
         self.batch_size = batch_size
         self.max_deliveries = max_deliveries
@@ -147,17 +152,20 @@ class AsyncHookWorker:
 
     async def register(self) -> None:
         # The group first: once the manifest is visible, every later event reaches this hook.
-        await self.retention.create_group(self.keys.events, self.group, start=self.start)
-        for side in self.streams[1:]:
+        for partition in self.events:
+            await self.retention.create_group(partition, self.group, start=self.start)
+        for side in self.sides:
             await self.retention.create_group(side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
-        await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
+        await write_manifest(self.redis, self.keys, self.group, encode(manifest))
         await self.clock.measure(self.redis, START_SAMPLES)
         await self._heartbeat(measure=False)
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
-        log.info("async hook %s replica %s reading %s", self.group, self.replica, self.streams[0])
+        log.info(
+            "async hook %s replica %s reading %s", self.group, self.replica, ", ".join(self.events)
+        )
 
     async def deregister(self) -> None:
         await retire_replica(self.redis, self.keys, self.group, self.replica)
@@ -237,11 +245,10 @@ class AsyncHookWorker:
         command, so that the keys may live on different cluster slots."""
         if self._claimed:
             return [self._claimed.popleft()]
-        events, *sides = self.streams
         if self._sides_due or time.monotonic() >= self._next_replay_check:
             self._sides_due = False
             self._next_replay_check = time.monotonic() + 0.5
-            for side in sides:
+            for side in self.sides:
                 entries = await self._read_new(side)
                 if entries:
                     self._events_due = True
@@ -249,11 +256,18 @@ class AsyncHookWorker:
         block = not self._events_due  # a side backlog is waiting: do not block
         if self._events_due:
             self._events_due, self._sides_due = False, True
-        entries = await self._read_new(events)
-        if entries:
-            return [(events, entries)]
-        if block:  # wait (200 ms at most) for a newer entry, then read it through the script
-            await self.redis.xread({events: self._last_id[events]}, count=1, block=200)
+        count = len(self.events)
+        for i in range(count):  # each partition in turn, none starved by a busy one
+            partition = self.events[(self._turn + i) % count]
+            entries = await self._read_new(partition)
+            if entries:
+                self._turn = (self._turn + i + 1) % count
+                return [(partition, entries)]
+        if block:  # wait (200 ms in all at most) for a newer entry, then read it via the script
+            partition = self.events[self._turn]
+            self._turn = (self._turn + 1) % count
+            wait_ms = max(20, 200 // count)
+            await self.redis.xread({partition: self._last_id[partition]}, count=1, block=wait_ms)
         return []
 
     async def _read_new(self, stream: str) -> list[Entry]:
@@ -493,15 +507,16 @@ class AsyncHookWorker:
             )
 
     async def _retention_pass(self) -> None:
-        events, *sides = self.streams
-        await self.retention.trim(events, self.settings.events_maxlen)
-        for side in sides:
-            audit = side == self.keys.audit
+        for stream in self.streams:
+            audit = stream == self.keys.audit
             maxlen = self.settings.audit_maxlen if audit else self.settings.events_maxlen
-            await self.retention.trim(side, maxlen)
-        mine = (await group_backlogs(self.redis, events)).get(self.group)
-        if mine:
-            self.backlog = (mine["lag"] or 0) + mine["pending"]
+            await self.retention.trim(stream, maxlen)
+        backlog = 0
+        for partition in self.events:
+            mine = (await group_backlogs(self.redis, partition)).get(self.group)
+            if mine:
+                backlog += (mine["lag"] or 0) + mine["pending"]
+        self.backlog = backlog
 
     async def _heartbeat(self, measure: bool = True) -> None:
         """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it."""

@@ -1,8 +1,11 @@
 """The distributed CancellationHook: the cancelled-session set lives in Redis.
 
-``hookbus cancel SESSION_ID`` sets ``{p}:cancelled:{sid}``; this hook, served by
+``hookbus cancel SESSION_ID`` (or an agent: ``HookClient.cancel``, or a tenant's cancel request
+to the coordinator service) adds to ``{p}:cancelled:{sid}``; this hook, served by
 ``hookbus worker workers.cancellation:RedisCancellationHook``, blocks that session's next tool
-call wherever its agent runs, and forgets the session at OnSessionStop.
+call wherever its agent runs. Nothing an agent sends lifts a cancellation, OnSessionStop
+included: it ends with its TTL (set here if the canceller could not set one), or when an
+operator deletes it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from bus import (
     HookEvent,
     PreToolUseAction,
     PreToolUseContext,
-    SessionStopContext,
 )
 from bus.keys import Keys
 from bus.redis_io import connect
@@ -27,7 +29,7 @@ class RedisCancellationHook(AgentHook):
     """Blocks every tool call of a session cancelled through Redis."""
 
     name = "CancellationHook"
-    subscribed_events = (HookEvent.PRE_TOOL_USE, HookEvent.ON_SESSION_STOP)
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
     failure_policy = "fail"  # if we cannot tell whether it was cancelled, do not run the tool
 
     def __init__(self, settings: BusSettings | None = None) -> None:
@@ -42,9 +44,9 @@ class RedisCancellationHook(AgentHook):
         return self._redis
 
     async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
-        if await self.redis.exists(self.keys.cancelled(ctx.session_id)):
+        key = self.keys.cancelled(ctx.session_id)
+        if await self.redis.exists(key):
+            # An agent may only add to the key (no EXPIRE for it): its TTL starts here.
+            await self.redis.expire(key, self.settings.session_ttl_secs, nx=True)
             return Block(reason=f"session {ctx.session_id} was cancelled by the user")
         return CONTINUE
-
-    async def on_session_stop(self, ctx: SessionStopContext) -> None:
-        await self.redis.delete(self.keys.cancelled(ctx.session_id))

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
@@ -28,11 +28,12 @@ from bus.aggregation import refusal
 from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.coordinator import Coordinator, dispatch_source
 from bus.dispatch import deadline_cap
-from bus.errors import InvalidInputError, LimitError, ProtocolError
+from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent
 from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
     DATA_FIELD,
+    CancelRequest,
     DecisionReply,
     DecisionRequest,
     decode,
@@ -43,7 +44,15 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import UNREACHABLE, Entry, consume, dead_letter, ensure_group, keep_and_claim
+from bus.redis_io import (
+    UNREACHABLE,
+    Entry,
+    cancel_session,
+    consume,
+    dead_letter,
+    ensure_group,
+    keep_and_claim,
+)
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
@@ -157,8 +166,40 @@ async def decide(
         deadline_cap.reset(cap)
 
 
+class Source(NamedTuple):
+    """A stream the service answers: a partition of ``{p}:decisions`` (trusted agents,
+    ``tenant`` empty) or one tenant's ``{p}:t:{TENANT}:decisions``."""
+
+    stream: str
+    tenant: str = ""
+
+
+class _Op(msgspec.Struct):
+    op: str = "decide"
+
+
+def qualify(ctx: HookContext, tenant: str) -> HookContext:
+    """The context as the bus sees it: a tenant's session ids are prefixed ``TENANT/``, so that
+    no tenant can name (cancel, read, attach to) another's sessions, whatever it sends."""
+    changes = {
+        name: f"{tenant}/{getattr(ctx, name)}"
+        for name in ("session_id", "parent_session_id")
+        if hasattr(ctx, name)
+    }
+    return msgspec.structs.replace(ctx, **changes)
+
+
 class CoordinatorService:
-    """One replica of the coordinator service."""
+    """One replica of the coordinator service.
+
+    It answers every partition of ``{p}:decisions`` and the decision stream of every tenant in
+    ``{p}:tenants`` (re-read every ``TENANTS_REFRESH_SECS``), one reader per stream (a cluster
+    keeps each on its own slot). A tenant's requests are answered only into that tenant's
+    inboxes, with its sessions qualified ``TENANT/SID``: the tenant is where a request arrived,
+    never what it says.
+    """
+
+    TENANTS_REFRESH_SECS = 2.0
 
     def __init__(self, settings: BusSettings, hook_settings: HookSettings | None = None) -> None:
         self.coordinator = Coordinator(settings, hook_settings, source="coordinator-service")
@@ -173,87 +214,131 @@ class CoordinatorService:
             "expired": 0,
             "claimed": 0,
             "agent_clock_skewed": 0,
+            "cancelled": 0,
         }
         self.expired = ExpiredDrops(log, "decision requests")
         self._skew_logged_at = -1e9
-        self._in_flight: dict[bytes, asyncio.Task[None]] = {}
+        self._in_flight: dict[Source, dict[bytes, asyncio.Task[None]]] = {}
+        self._readers: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
+
+    @property
+    def sources(self) -> list[Source]:
+        return list(self._in_flight)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.coordinator.start()
         try:
-            await self._ensure_group()
+            for partition in self.keys.decision_partitions:
+                await self._serve(Source(partition), stop)
+            with contextlib.suppress(*UNREACHABLE):
+                await self._serve_tenants(stop)
             self.ready.set()
-            log.info("coordinator %s answering %s", self.coordinator.id, self.keys.decisions)
+            log.info(
+                "coordinator %s answering %s",
+                self.coordinator.id,
+                ", ".join(s.stream for s in self.sources),
+            )
             keeper = asyncio.create_task(self._keep_and_claim(stop))
             try:
-                await self._loop(stop)
+                await stop.wait()
             finally:
                 keeper.cancel()
+                await asyncio.gather(*self._readers, return_exceptions=True)
         finally:
-            if self._in_flight:
-                await asyncio.wait(list(self._in_flight.values()), timeout=30)
+            tasks = [t for flights in self._in_flight.values() for t in flights.values()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=30)
             await self.coordinator.close()
             self.expired.flush()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
-    async def _ensure_group(self) -> None:
+    async def _serve(self, source: Source, stop: asyncio.Event) -> None:
+        """Start answering one stream (its group created first)."""
+        if source in self._in_flight:
+            return
         # From "0": requests sent while no replica was up are still answered if their agent is
         # still waiting (requests past ts + timeout_ms are dropped below).
-        await ensure_group(self.redis, self.keys.decisions, COORDINATORS_GROUP, start="0")
+        await ensure_group(self.redis, source.stream, COORDINATORS_GROUP, start="0")
+        self._in_flight[source] = {}
+        self._readers.append(asyncio.create_task(self._loop(source, stop)))
 
-    async def _loop(self, stop: asyncio.Event) -> None:
+    async def _serve_tenants(self, stop: asyncio.Event) -> None:
+        for member in sorted(await self.redis.smembers(self.keys.tenants)):
+            name = member.decode() if isinstance(member, bytes) else str(member)
+            try:
+                stream = self.keys.tenant_decisions(name)
+            except ConfigError as exc:  # only the operator writes {p}:tenants; still checked
+                _failures.error("ignoring tenant %r in %s: %s", name, self.keys.tenants, exc)
+                continue
+            await self._serve(Source(stream, name), stop)
+
+    async def _loop(self, source: Source, stop: asyncio.Event) -> None:
         async def answer_all(entries: list[Entry]) -> None:
             for entry_id, fields in entries:
-                self._start(entry_id, fields)
+                self._start(source, entry_id, fields)
 
         await consume(
             self.redis,
-            self.keys.decisions,
+            source.stream,
             COORDINATORS_GROUP,
             self.coordinator.id,
             count=64,
             stop=stop,
             handle=answer_all,
-            recreate=self._ensure_group,
+            recreate=lambda: ensure_group(self.redis, source.stream, COORDINATORS_GROUP, start="0"),
         )
 
-    def _start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        if entry_id in self._in_flight:
+    def _start(self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        flights = self._in_flight[source]
+        if entry_id in flights:
             return
-        task = asyncio.create_task(self._answer_safely(entry_id, fields))
-        self._in_flight[entry_id] = task
-        task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
+        task = asyncio.create_task(self._answer_safely(source, entry_id, fields))
+        flights[entry_id] = task
+        task.add_done_callback(lambda _: flights.pop(entry_id, None))
 
     async def _keep_and_claim(self, stop: asyncio.Event) -> None:
         """Keep the requests being answered ours, and answer those a replica that died or froze
-        left unanswered (while their agent still waits: expired ones are dropped)."""
+        left unanswered (while their agent still waits: expired ones are dropped); pick up
+        tenants added since."""
         idle_ms = int(self.settings.claim_idle_secs * 1000)
+        next_tenants = time.monotonic() + self.TENANTS_REFRESH_SECS
         while not stop.is_set():
-            try:
-                for entry_id, fields in await keep_and_claim(
-                    self.redis,
-                    self.keys.decisions,
-                    COORDINATORS_GROUP,
-                    self.coordinator.id,
-                    self._in_flight,
-                    idle_ms,
-                ):
-                    self.stats["claimed"] += 1
-                    _failures.info("took over decision request %s from a silent replica", entry_id)
-                    self._start(entry_id, fields)
-            except UNREACHABLE as exc:
-                log.debug("claiming failed: %s", exc)
-            except Exception:  # claiming outlives anything
-                _failures.error("claim pass failed", exc_info=True)
+            for source in self.sources:
+                try:
+                    for entry_id, fields in await keep_and_claim(
+                        self.redis,
+                        source.stream,
+                        COORDINATORS_GROUP,
+                        self.coordinator.id,
+                        self._in_flight[source],
+                        idle_ms,
+                    ):
+                        self.stats["claimed"] += 1
+                        _failures.info(
+                            "took over decision request %s from a silent replica", entry_id
+                        )
+                        self._start(source, entry_id, fields)
+                except UNREACHABLE as exc:
+                    log.debug("claiming failed: %s", exc)
+                except Exception:  # claiming outlives anything
+                    _failures.error("claim pass failed", exc_info=True)
+            if time.monotonic() >= next_tenants:
+                next_tenants = time.monotonic() + self.TENANTS_REFRESH_SECS
+                try:
+                    await self._serve_tenants(stop)
+                except UNREACHABLE as exc:
+                    log.debug("reading tenants failed: %s", exc)
             self.expired.tick()
             await asyncio.sleep(self.settings.claim_idle_secs / 3)
 
-    async def _answer_safely(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    async def _answer_safely(
+        self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> None:
         """``_answer``; anything it raises besides Redis being away makes the request a dead
         letter, acknowledged once: no request stops this replica or comes back forever."""
         try:
-            await self._answer(entry_id, fields)
+            await self._answer(source, entry_id, fields)
         except UNREACHABLE as exc:  # left pending: taken over or retried once Redis is back
             _failures.warning("decision request %s not answered: %s", entry_id.decode(), exc)
         except Exception as exc:
@@ -266,35 +351,75 @@ class CoordinatorService:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be answered: {type(exc).__name__}: {exc}"
-            await dead_letter(self.redis, self.keys, self.keys.decisions, why, data)
+            await dead_letter(self.redis, self.keys, source.stream, why, data)
             with contextlib.suppress(*UNREACHABLE):
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
 
-    async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    def _may_reply(self, source: Source, key: str) -> bool:
+        if source.tenant:
+            return self.keys.is_tenant_inbox(source.tenant, key)
+        return self.keys.is_inbox(key)
+
+    def _inboxes(self, source: Source) -> str:
+        if source.tenant:
+            return self.keys.tenant_inbox(source.tenant, "")
+        return self.keys.inbox("")
+
+    async def _answer(self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
         try:
+            op = decode_head(data, _Op)
+            if op is not None and op.op == "cancel":
+                await self._cancel(source, entry_id, decode(data, CancelRequest))
+                return
             request, ctx = read_request(data, DecisionRequest)
-            if not self.keys.is_inbox(request.reply_to):
+            if not self._may_reply(source, request.reply_to):
                 raise ProtocolError(
-                    f"reply_to must be a key under {self.keys.prefix}:inbox:", "$.reply_to"
+                    f"reply_to must be a key under {self._inboxes(source)}", "$.reply_to"
                 )
         except LimitError as exc:
-            await self._refuse(entry_id, data, exc)
+            await self._refuse(source, entry_id, data, exc)
             return
         except InvalidInputError as exc:
-            await self._reject(entry_id, data, exc)
+            await self._reject(source, entry_id, data, exc)
             return
+        if source.tenant:
+            ctx = qualify(ctx, source.tenant)
         sent = self._sent(entry_id, request)
-        reply = await decide(self.coordinator, request, ctx, sent_ms=sent, now=self._now)
+        reply = await decide(
+            self.coordinator,
+            request,
+            ctx,
+            source=f"tenant:{source.tenant}" if source.tenant else "",
+            sent_ms=sent,
+            now=self._now,
+        )
         if reply is None:
             late = (self._now() - sent - request.timeout_ms) / 1000
             self.stats["expired"] += 1
             self.expired.drop(f"request {request.id} for {request.event}, {late:.3f} s late")
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
             return
-        await self._send(entry_id, request.reply_to, reply)
+        await self._send(source, entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
+
+    async def _cancel(self, source: Source, entry_id: bytes, request: CancelRequest) -> None:
+        """Cancel one of the asker's own sessions (a tenant's are qualified). Cancelling only
+        adds: no request lifts a cancellation, which ends with its TTL."""
+        if not self._may_reply(source, request.reply_to):
+            raise ProtocolError(
+                f"reply_to must be a key under {self._inboxes(source)}", "$.reply_to"
+            )
+        session = f"{source.tenant}/{request.session_id}" if source.tenant else request.session_id
+        by = f"tenant:{source.tenant}" if source.tenant else "agent"
+        await cancel_session(self.redis, self.keys, session, self.settings.session_ttl_secs, by)
+        self.stats["cancelled"] += 1
+        log.info("session %s cancelled by %s", session, by)
+        reply = DecisionReply(
+            id=new_id(), ts=now_ms(), request_id=request.id, result={"cancelled": session}
+        )
+        await self._send(source, entry_id, request.reply_to, reply)
 
     def _now(self) -> int:
         return self.coordinator.clock.now_ms()
@@ -324,7 +449,7 @@ class CoordinatorService:
             )
         return taken
 
-    async def _refuse(self, entry_id: bytes, data: bytes, exc: LimitError) -> None:
+    async def _refuse(self, source: Source, entry_id: bytes, data: bytes, exc: LimitError) -> None:
         """A request whose context no hook could be shown (too large, too deep): decided at once
         as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
         whatever the hooks' policies, and recorded as a dead letter. A request whose event or
@@ -334,30 +459,32 @@ class CoordinatorService:
             event = HookEvent(head.event) if head is not None else None
         except ValueError:
             event = None
-        if head is None or event is None or not self.keys.is_inbox(head.reply_to):
-            await self._reject(entry_id, data, exc)
+        if head is None or event is None or not self._may_reply(source, head.reply_to):
+            await self._reject(source, entry_id, data, exc)
             return
         self.stats["refused"] += 1
         _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
         why = f"{event.value} refused: {exc}"
-        await dead_letter(self.redis, self.keys, self.keys.decisions, why, data)
+        await dead_letter(self.redis, self.keys, source.stream, why, data)
         if head.ts and head.ts + head.timeout_ms < now_ms():
             self.stats["expired"] += 1
             with contextlib.suppress(*UNREACHABLE):
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
             return
         result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(exc))
         reply = DecisionReply(
             id=new_id(), ts=now_ms(), request_id=head.id, event=event, result=result
         )
-        await self._send(entry_id, head.reply_to, reply)
+        await self._send(source, entry_id, head.reply_to, reply)
 
-    async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
+    async def _reject(
+        self, source: Source, entry_id: bytes, data: bytes, exc: InvalidInputError
+    ) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""
         self.stats["rejected"] += 1
         _failures.warning("rejected decision request %s: %s", entry_id.decode(), exc)
         head = decode_head(data, _ReplyTo) or _ReplyTo()
-        if self.keys.is_inbox(head.reply_to):
+        if self._may_reply(source, head.reply_to):
             reply = DecisionReply(
                 id=new_id(),
                 ts=now_ms(),
@@ -366,13 +493,15 @@ class CoordinatorService:
                 error=str(exc)[:4000],
                 field=field[:300],
             )
-            await self._send(entry_id, head.reply_to, reply)
+            await self._send(source, entry_id, head.reply_to, reply)
         else:
             self.stats["dead_lettered"] += 1
-            await dead_letter(self.redis, self.keys, self.keys.decisions, str(exc), data)
-            await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+            await dead_letter(self.redis, self.keys, source.stream, str(exc), data)
+            await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
 
-    async def _send(self, entry_id: bytes, reply_to: str, reply: DecisionReply) -> None:
+    async def _send(
+        self, source: Source, entry_id: bytes, reply_to: str, reply: DecisionReply
+    ) -> None:
         try:
             payload = encode(reply)
         except LimitError as exc:
@@ -389,7 +518,7 @@ class CoordinatorService:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(reply_to, payload)
                 pipe.pexpire(reply_to, REPLY_TTL_MS)
-                pipe.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                pipe.xack(source.stream, COORDINATORS_GROUP, entry_id)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             _failures.warning("could not answer %s: %s", reply.request_id, exc)

@@ -1,7 +1,8 @@
 """Metrics as an async hook service: counts and latencies, kept in Redis for ``hookbus metrics``.
 
 ``hookbus worker workers.metrics:AsyncMetricsHook`` adds up, per event batch, in the hash
-``{p}:metrics:AsyncMetricsHook``: events per type, tool calls, tool errors, total tool latency,
+``{p}:hook:{AsyncMetricsHook}:metrics``: events per type, tool calls, tool errors, total tool
+latency,
 sessions started and stopped (per terminal reason). Delivery is at least once, so after a
 replica crash a few events may be counted twice; the audit log is the exact record.
 """

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from bus.breakglass import BreakGlass, switch
 from bus.coordinator import AUDIT_MAXLEN
+from bus.directory import read_manifests
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.hooks import MODES
 from bus.keys import WORKERS_GROUP, Keys, check_name
@@ -103,7 +104,7 @@ async def list_hooks(
     ``modes=False``: do not read ``{p}:modes`` (a worker's health check may not), so every
     row shows its manifest's mode."""
     now = now_ms() if now is None else now
-    manifests: Any = await redis.hgetall(keys.hooks)
+    manifests = await read_manifests(redis, keys)
     overrides: Any = await redis.hgetall(keys.modes) if modes else {}
     mode_of = {_text(k): _text(v) for k, v in overrides.items()}
     rows: list[HookRow] = []
@@ -210,13 +211,15 @@ async def consumer_lag(
     requests_maxlen: int,
     now: int | None = None,
 ) -> list[GroupLag]:
-    """Every group on ``{p}:events`` and on each sync hook's request stream.
+    """Every group on each events partition and on each sync hook's request streams.
 
     Async hooks' replay streams are listed too, but only while they hold a backlog.
     """
     now = now_ms() if now is None else now
-    out = await _stream_lag(redis, keys.events, HARD_CAP_FACTOR * events_maxlen, now)
-    manifests: Any = await redis.hgetall(keys.hooks)
+    out: list[GroupLag] = []
+    for partition in keys.event_partitions:
+        out += await _stream_lag(redis, partition, HARD_CAP_FACTOR * events_maxlen, now)
+    manifests = await read_manifests(redis, keys)
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
         try:
@@ -225,8 +228,9 @@ async def consumer_lag(
         except HookBusError:
             continue
         if kind == "sync":
-            rows = await _stream_lag(redis, keys.requests(name), requests_maxlen, now)
-            out.extend(r for r in rows if r.group == WORKERS_GROUP)
+            for shard in range(max(1, decode(value, HookManifest).shards)):
+                rows = await _stream_lag(redis, keys.requests(name, shard), requests_maxlen, now)
+                out.extend(r for r in rows if r.group == WORKERS_GROUP)
         else:
             rows = await _stream_lag(redis, keys.replay(name), None, now)
             out.extend(r for r in rows if r.backlog)
@@ -302,23 +306,38 @@ def _tailed(entry_id: str, fields: Mapping[bytes, bytes] | None) -> TailedEvent:
     )
 
 
-async def events_end(redis: Redis, keys: Keys) -> str:
-    """The id of the newest event (``0-0`` for an empty stream): tail from here for "new"."""
-    last: Any = await redis.xrevrange(keys.events, count=1)
-    return _text(last[0][0]) if last else "0-0"
+async def events_end(redis: Redis, keys: Keys) -> dict[str, str]:
+    """The id of the newest event of each partition (``0-0`` if empty): tail from there."""
+    ends: dict[str, str] = {}
+    for partition in keys.event_partitions:
+        last: Any = await redis.xrevrange(partition, count=1)
+        ends[partition] = _text(last[0][0]) if last else "0-0"
+    return ends
 
 
 async def follow_events(
-    redis: Redis, keys: Keys, after: str, stop: asyncio.Event, *, block_ms: int = 500
+    redis: Redis, keys: Keys, after: dict[str, str], stop: asyncio.Event, *, block_ms: int = 500
 ) -> AsyncGenerator[TailedEvent, None]:
-    """Events added after the id ``after``, as they arrive, until ``stop`` is set."""
-    cursor = after
+    """Events added after the ids ``after`` (per partition), as they arrive, until ``stop``.
+    One partition blocks per read (each may be on another cluster node); the others are
+    polled between, so no partition waits longer than ``block_ms``."""
+    cursors = dict(after)
+    partitions = list(keys.event_partitions)
+    turn = 0
     while not stop.is_set():
-        response: Any = await redis.xread({keys.events: cursor}, count=CHUNK, block=block_ms)
-        for _, entries in response or ():
-            for raw_id, fields in entries:
-                cursor = _text(raw_id)
-                yield _tailed(cursor, fields)
+        found = False
+        for partition in partitions:
+            response: Any = await redis.xread({partition: cursors[partition]}, count=CHUNK)
+            for _, entries in response or ():
+                for raw_id, fields in entries:
+                    found = True
+                    cursors[partition] = _text(raw_id)
+                    yield _tailed(cursors[partition], fields)
+        if not found:
+            partition = partitions[turn % len(partitions)]
+            turn += 1
+            wait = max(20, block_ms // len(partitions))
+            await redis.xread({partition: cursors[partition]}, count=1, block=wait)
 
 
 def event_matches(
@@ -518,15 +537,15 @@ async def list_audit(redis: Redis, keys: Keys, limit: int) -> tuple[list[AuditRe
 
 
 async def collect_metrics(redis: Redis, keys: Keys) -> dict[str, dict[str, str]]:
-    """Hook name → the figures in its ``{p}:metrics:{name}`` hash."""
-    prefix = keys.metrics("")
+    """Hook name → the figures in its ``{p}:hook:{NAME}:metrics`` hash, for every registered
+    hook (no SCAN: on a cluster that would see one node only)."""
+    names = sorted(_text(m) for m in await redis.smembers(keys.hooks))
     out: dict[str, dict[str, str]] = {}
-    async for key in redis.scan_iter(match=f"{prefix}*", count=200, _type="hash"):
-        figures: Any = await redis.hgetall(key)
+    for name in names:
+        figures: Any = await redis.hgetall(keys.metrics(name))
         if figures:
-            name = _text(key)[len(prefix) :]
             out[name] = {_text(k): _text(v) for k, v in figures.items()}
-    return dict(sorted(out.items()))
+    return out
 
 
 # -- rendering --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from bus.directory import read_manifest
 from bus.errors import ConfigError, InvalidInputError, ProtocolError
 from bus.keys import Keys, check_name
 from bus.protocol import DATA_FIELD, HookManifest, decode
@@ -44,7 +45,7 @@ async def check_replayable(redis: Redis, keys: Keys, hook: str) -> None:
     """Refuse to re-feed a hook that would never read its replay stream: one that is not
     registered (a typo, or retired), or a sync hook (only async hooks read a replay stream)."""
     check_name("hook name", hook)
-    raw: Any = await redis.hget(keys.hooks, hook)
+    raw = await read_manifest(redis, keys, hook)
     if raw is None:
         raise ConfigError(
             f"no hook named {hook!r} is registered in {keys.hooks}: nothing would read "
@@ -69,12 +70,28 @@ async def replay_range(
     end: str = "+",
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Copy events ``start``..``end`` to the hook's replay stream; returns how many."""
+    """Copy events ``start``..``end`` of every partition to the hook's replay stream (one
+    partition after the other: each session's events stay in order); returns how many."""
     start, end = parse_position(start), parse_position(end)
+    total = 0
+    for partition in keys.event_partitions:
+        total += await _replay_partition(redis, keys, hook, partition, start, end, progress)
+    return total
+
+
+async def _replay_partition(
+    redis: Redis,
+    keys: Keys,
+    hook: str,
+    partition: str,
+    start: str,
+    end: str,
+    progress: Callable[[int], None] | None,
+) -> int:
     total = 0
     cursor = start
     while True:
-        rows: Any = await redis.xrange(keys.events, min=cursor, max=end, count=CHUNK)
+        rows: Any = await redis.xrange(partition, min=cursor, max=end, count=CHUNK)
         if not rows:
             return total
         async with redis.pipeline(transaction=False) as pipe:

@@ -32,11 +32,12 @@ from redis.exceptions import RedisError, ResponseError
 from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
 from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
+from bus.directory import read_manifest, write_manifest
 from bus.dispatch import eager
 from bus.errors import ConfigError, LimitError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, AsyncAgentHook, spec_of
-from bus.keys import WORKERS_GROUP, Keys, check_name
+from bus.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
     ControlMessage,
@@ -109,15 +110,23 @@ class HookWorker:
         *,
         scope: str = "global",
         concurrency: int = 64,
+        shard: int = 0,
+        shards: int = 1,
+        owns_hook: bool = True,
     ) -> None:
         self.hook = hook
         self.spec = spec_of(hook)
         check_name("hook name", self.spec.name)
         self.settings = settings
         self.keys = Keys.of(settings)
-        self.stream = self.keys.requests(self.spec.name)
+        if not 0 <= shard < shards <= MAX_SHARDS:
+            raise ConfigError(f"shard {shard} of {shards}: shards must be 1-{MAX_SHARDS}")
+        self.shards = shards
+        self.owns_hook = owns_hook  # the lane that closes the hook when the service stops
+        self.stream = self.keys.requests(self.spec.name, shard)
         self.scope = scope
-        self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
+        lane = f"#{shard}" if shards > 1 else ""
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
         self.redis = connect(settings)
         self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0}
         # Deadlines are on Redis's clock (bus/clock.py); drops past them are counted and logged.
@@ -132,14 +141,15 @@ class HookWorker:
 
     async def register(self) -> None:
         """Publish the manifest, make sure the group exists, and announce this replica."""
-        previous = await self.redis.hget(self.keys.hooks, self.spec.name)
+        previous = await read_manifest(self.redis, self.keys, self.spec.name)
         registered_at = now_ms()
         if previous:
             with contextlib.suppress(ProtocolError):
                 registered_at = decode(previous, HookManifest).registered_at or registered_at
         manifest = HookManifest.of(self.spec, "sync", registered_at, self.scope)  # type: ignore[arg-type]
+        manifest = msgspec.structs.replace(manifest, shards=self.shards)
         self.manifest = encode(manifest)
-        await self.redis.hset(self.keys.hooks, self.spec.name, self.manifest)
+        await write_manifest(self.redis, self.keys, self.spec.name, self.manifest)
         await self._ensure_group()
         await self.clock.measure(self.redis, START_SAMPLES)
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -182,7 +192,7 @@ class HookWorker:
             except RedisError as exc:
                 log.warning("could not deregister %s: %s", self.replica, exc)
             await self.redis.aclose()
-            close = getattr(self.hook, "close", None)
+            close = getattr(self.hook, "close", None) if self.owns_hook else None
             if callable(close):  # let the hook release what it holds (files, connections)
                 result = close()
                 if asyncio.iscoroutine(result):
@@ -430,7 +440,8 @@ class HookWorker:
         (a restart)."""
         await self.clock.measure(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hsetnx(self.keys.hooks, self.spec.name, self.manifest)
+            pipe.set(self.keys.manifest(self.spec.name), self.manifest, nx=True)
+            pipe.sadd(self.keys.hooks, self.spec.name)
             self._beat(pipe)
             restored = (await pipe.execute())[0]
         if restored:

@@ -62,7 +62,7 @@ class Services:
 
     async def reconcile(self, redis: Redis, keys: Keys) -> dict[str, int]:
         """Wait until Ledger has handled every event in ``{p}:events``; the figures."""
-        entries = await redis.xrange(keys.events)
+        entries = await redis.xrange(keys.event_partitions[0])
         events = [msgspec.json.decode(fields[b"data"]) for _, fields in entries]
         wanted = {e["id"] for e in events}
 

@@ -60,7 +60,7 @@ async def publish_until(settings: BusSettings, stop: asyncio.Event, acked: dict[
             ]
             results = await xadd_batch(
                 redis,
-                [(keys.events, encode(m), settings.events_maxlen) for m in messages],
+                [(keys.event_partitions[0], encode(m), settings.events_maxlen) for m in messages],
                 replicas=settings.durable_replicas,
                 wait_ms=settings.durable_wait_ms,
             )
@@ -101,7 +101,7 @@ async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
             agents = asyncio.create_task(load.run(4, stop))
             publishing = asyncio.create_task(publish_until(settings, stop, acked))
             await asyncio.sleep(BEFORE)  # load before the kill (a duration, not a synchronisation)
-            victim = client.redis.get_node_from_key(keys.events).port  # type: ignore[attr-defined]
+            victim = client.redis.get_node_from_key(keys.event_partitions[0]).port  # type: ignore[attr-defined]
             cluster.kill_master(victim)
             killed_at = time.monotonic()
             await asyncio.to_thread(cluster.wait_promoted, victim)
@@ -115,7 +115,7 @@ async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
             refused = await publishing
             await agents
 
-            entries = await client.redis.xrange(keys.events)
+            entries = await client.redis.xrange(keys.event_partitions[0])
             present = {msgspec.json.decode(fields[b"data"])["id"] for _, fields in entries}
             lost = [i for i in acked if i not in present]
             async_figures = await services.reconcile(client.redis, keys)

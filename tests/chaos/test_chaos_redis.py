@@ -67,7 +67,7 @@ async def publish_until(
             context=encoded,
         )
         try:
-            await redis.xadd(keys.events, {"data": encode(message)})
+            await redis.xadd(keys.event_partitions[0], {"data": encode(message)})
             acked[message.id] = time.monotonic()
         except (RedisError, OSError):
             refused += 1
@@ -113,7 +113,7 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
         await agents
         await publisher.aclose()
 
-        entries = await client.redis.xrange(keys.events)
+        entries = await client.redis.xrange(keys.event_partitions[0])
         present = {msgspec.json.decode(fields[b"data"])["id"] for _, fields in entries}
         lost = [i for i in acked if i not in present]
         window = [i for i, t in acked.items() if killed_at - EVERYSEC_BOUND <= t <= killed_at]

@@ -139,7 +139,7 @@ async def test_foreign_agents_are_answered_while_coordinators_die_and_freeze(
             "reply_to": inbox, "timeout_ms": timeout_ms,
         }  # fmt: skip
         t0 = time.monotonic()
-        await redis.xadd(keys.decisions, {"data": json.dumps(request)})
+        await redis.xadd(keys.decision_partitions[0], {"data": json.dumps(request)})
         deadline = t0 + timeout_ms / 1000 + 1.0  # the client rule: timeout_ms plus a margin
         while (left := deadline - time.monotonic()) > 0:
             popped = await redis.blpop([inbox], timeout=max(left, 0.01))
@@ -158,7 +158,7 @@ async def test_foreign_agents_are_answered_while_coordinators_die_and_freeze(
             reply = await decide(redis, keys.inbox("probe"), 0)
             return reply is not None and reply["result"]["final_args"] == {"x": -1}
 
-        await wait_for(lambda: redis.hexists(keys.hooks, "Ledger"), what="Ledger")
+        await wait_for(lambda: redis.sismember(keys.hooks, "Ledger"), what="Ledger")
         await wait_for(guarded, 30, "the coordinator service to answer with Guard")
         stop = asyncio.Event()
 
@@ -196,7 +196,7 @@ async def test_foreign_agents_are_answered_while_coordinators_die_and_freeze(
         await asyncio.gather(schedule, *agents)
 
         async def nothing_pending() -> bool:
-            groups = await redis.xinfo_groups(keys.decisions)
+            groups = await redis.xinfo_groups(keys.decision_partitions[0])
             ours = [g for g in groups if g["name"] == COORDINATORS_GROUP.encode()]
             return all(g["pending"] == 0 for g in ours)
 

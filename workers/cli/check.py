@@ -79,21 +79,20 @@ async def coordinator_status(redis: Redis, keys: Keys, settings: BusSettings) ->
 
     from bus.keys import COORDINATORS_GROUP
 
+    stream = keys.decision_partitions[0]  # every replica creates the group on each partition
     try:
-        groups: Any = await redis.xinfo_groups(keys.decisions)
+        groups: Any = await redis.xinfo_groups(stream)
     except ResponseError as exc:
         if "no such key" not in str(exc):
             raise
         groups = []
     mine = [g for g in groups if text(g["name"]) == COORDINATORS_GROUP]
     if not mine:
-        return False, (
-            f"no coordinator has started: {keys.decisions} has no group {COORDINATORS_GROUP}"
-        )
+        return False, (f"no coordinator has started: {stream} has no group {COORDINATORS_GROUP}")
     group = mine[0]
     lag = "?" if group.get("lag") is None else str(group["lag"])
     return True, (
-        f"coordinator group {COORDINATORS_GROUP} on {keys.decisions} exists "
+        f"coordinator group {COORDINATORS_GROUP} on {stream} exists "
         f"({group['consumers']} consumers, {group['pending']} pending, lag {lag})"
     )
 

@@ -49,16 +49,12 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from agent_adapter.client import HookClient
+    from bus.redis_io import cancel_session
 
-    async def cancel() -> None:
-        client = HookClient(settings_of(args))
-        try:
-            await client.cancel(args.session_id)
-        finally:
-            await client.redis.aclose()
+    async def cancel(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        await cancel_session(redis, keys, args.session_id, settings.session_ttl_secs, "operator")
 
-    asyncio.run(cancel())
+    with_redis(args, cancel)
     print(f"session {args.session_id} cancelled: its next tool call will be blocked")
     return 0
 
@@ -79,7 +75,7 @@ def _hooks_mode(args: argparse.Namespace) -> int:
     from bus.protocol import ControlMessage, encode
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
-        if not await redis.hexists(keys.hooks, args.name):
+        if not await redis.sismember(keys.hooks, args.name):
             raise ConfigError(f"no hook named {args.name!r} is registered (see hookbus hooks list)")
         await redis.hset(keys.modes, args.name, args.mode)
         # Coordinators refresh their directory at once on this announcement.
@@ -161,7 +157,7 @@ def _events_tail(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         start = await events_end(redis, keys)
-        err.print(f"following {keys.events} after {start} (Ctrl-C to stop)", markup=False)
+        err.print(f"following {len(start)} events partition(s) (Ctrl-C to stop)", markup=False)
         shown = 0
         async with contextlib.aclosing(follow_events(redis, keys, start, stop)) as stream:
             async for event in stream:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 
+from bus.keys import MAX_SHARDS
 from bus.settings import HookSettings
 from workers.cli.check import add_check_options, coordinator_check, worker_check
 from workers.cli.common import UsageError, add_redis_options, serve, settings_of
@@ -35,9 +37,19 @@ def _worker(args: argparse.Namespace) -> int:
             batch_size=args.batch,
             max_deliveries=args.max_deliveries,
         )
-    else:
-        service = HookWorker(hook, settings_of(args), scope=args.scope)
-    return serve(service.run, "worker")
+        return serve(service.run, "worker")
+    settings = settings_of(args)
+    if not 1 <= args.shards <= MAX_SHARDS:
+        raise UsageError(f"--shards must be 1-{MAX_SHARDS}")
+    lanes = [
+        HookWorker(hook, settings, scope=args.scope, shard=k, shards=args.shards, owns_hook=k == 0)
+        for k in range(args.shards)
+    ]
+
+    async def run_lanes(stop: asyncio.Event) -> None:
+        await asyncio.gather(*(lane.run(stop) for lane in lanes))
+
+    return serve(run_lanes, "worker")
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -76,6 +88,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     worker = add_redis_options(sub.add_parser("worker", help="serve one hook over Redis"))
     worker.add_argument("hook", metavar="MODULE:CLASS", help="e.g. workers.demo_hooks:SecretGuard")
+    worker.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help="a sync hook's requests spread over N streams (a hot hook on a Redis Cluster); "
+        "every replica serves all N, and every replica must be given the same N",
+    )
     worker.add_argument(
         "--scope",
         choices=["global", "session"],
