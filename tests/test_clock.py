@@ -8,7 +8,6 @@ quietly off. These tests FAIL (never skip) when libfaketime is missing.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -27,35 +26,11 @@ from bus.clock import MAX_SKEW_MS, ExpiredDrops, RedisClock, is_skewed
 from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from bus.protocol import DATA_FIELD, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
+from tests.faketime import faked
 from tests.harness import ROOT, Processes, until, wait_for, wait_live, worker_env
 from tests.remote_hooks import HookConfig
 
 pytestmark = pytest.mark.redis
-SKEW = "+5s"
-LIBFAKETIME_PATHS = (
-    "/usr/lib/*-linux-gnu/faketime/libfaketime.so.1",  # Debian, Ubuntu (dpkg -L libfaketime)
-    "/usr/lib/faketime/libfaketime.so.1",
-    "/usr/lib64/faketime/libfaketime.so.1",
-    "/usr/local/lib/faketime/libfaketime.so.1",
-)
-
-
-def libfaketime() -> str:
-    """The libfaketime library: fails the test, with what to install, when it is missing."""
-    for pattern in LIBFAKETIME_PATHS:
-        if found := sorted(glob.glob(pattern)):
-            return found[0]
-    pytest.fail("the clock-skew tests need libfaketime: apt install faketime (see .ci/run)")
-
-
-def faked(offset: str = SKEW) -> dict[str, str]:
-    """Environment that runs a process with its wall clock moved by ``offset``. Its monotonic
-    clock stays true (asyncio's timers use it), as a host whose NTP is off would have it."""
-    return {
-        "LD_PRELOAD": libfaketime(),
-        "FAKETIME": offset,
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
 
 
 def ctx(tool: str = "act") -> PreToolUseContext:
