@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bus.breakglass import BreakGlass, switch
+from bus.clock import redis_ms
 from bus.coordinator import AUDIT_MAXLEN
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.keys import WORKERS_GROUP, Keys, check_name
@@ -89,7 +90,7 @@ async def list_hooks(
     redis: Redis, keys: Keys, liveness_secs: float, now: int | None = None
 ) -> list[HookRow]:
     """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``."""
-    now = now_ms() if now is None else now
+    now = await redis_ms(redis) if now is None else now  # heartbeats are on Redis's clock
     manifests: Any = await redis.hgetall(keys.hooks)
     rows: list[HookRow] = []
     for raw_name, value in sorted(manifests.items()):
@@ -179,7 +180,7 @@ async def consumer_lag(
 
     Async hooks' replay streams are listed too, but only while they hold a backlog.
     """
-    now = now_ms() if now is None else now
+    now = await redis_ms(redis) if now is None else now  # stream ids are on Redis's clock
     out = await _stream_lag(redis, keys.events, HARD_CAP_FACTOR * events_maxlen, now)
     manifests: Any = await redis.hgetall(keys.hooks)
     for raw_name, value in sorted(manifests.items()):
@@ -438,7 +439,7 @@ async def breakglass_on(
     redis: Redis, keys: Keys, reason: str, seconds: float, by: str
 ) -> BreakGlass:
     """Switch the bypass on for ``seconds`` (``{p}:breakglass`` with a TTL), recorded."""
-    glass = switch(reason, seconds, by, now_ms())
+    glass = switch(reason, seconds, by, await redis_ms(redis))  # coordinators use Redis's
     await _record_breakglass(redis, keys, glass, "on", by)  # recorded before it takes effect
     await redis.set(keys.breakglass, encode(glass), px=glass.until_ms - glass.since_ms)
     await _announce_breakglass(redis, keys)
