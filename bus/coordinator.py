@@ -38,7 +38,6 @@ from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
-    DATA_FIELD,
     MAX_MESSAGE_BYTES,
     AuditRecord,
     ControlMessage,
@@ -51,16 +50,16 @@ from bus.protocol import (
     now_ms,
     raw,
 )
-from bus.redis_io import connect
+from bus.redis_io import connect, xadd_batch
 from bus.registry import local_target
-from bus.retention import HARD_CAP_FACTOR
+from bus.retention import hard_cap
 from bus.runner import EventRunner
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
-#: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
-AUDIT_MAXLEN = 100_000
+#: The audit trail's hard cap at the default ``audit_maxlen`` (the audit log keeps it all).
+AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
 REQUEUE_LIMIT = 10_000
 #: The longest a dispatch waits to learn a new session's own hooks.
@@ -70,6 +69,11 @@ SESSION_LOOKUP_SECS = 0.5
 _dispatch: ContextVar[tuple[str, object, msgspec.Raw | None]] = ContextVar(
     "hookbus_dispatch", default=("", None, None)
 )
+#: Who asked for the dispatch under way, when a service dispatches for others (the HTTP gateway
+#: sets the tenant its bearer token names): recorded as the ``source`` of the published event
+#: and the ``by`` of audit records, instead of the coordinator's own name. Empty: the
+#: coordinator's ``source``.
+dispatch_source: ContextVar[str] = ContextVar("hookbus_dispatch_source", default="")
 
 
 class Coordinator(EventRunner):
@@ -223,10 +227,10 @@ class Coordinator(EventRunner):
                 mode=answer.mode,
                 action=answer.action,
                 detail=answer.detail,
-                by=self.source,
+                by=dispatch_source.get() or self.source,
                 breakglass=reason,
             )
-            self._enqueue(self.keys.audit, encode(record), AUDIT_MAXLEN, None)
+            self._enqueue(self.keys.audit, encode(record), hard_cap(self.bus.audit_maxlen), None)
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
@@ -238,7 +242,7 @@ class Coordinator(EventRunner):
             event=event,
             session_id=session_of(ctx),
             context=encoded,
-            source=self.source,
+            source=dispatch_source.get() or self.source,
             traceparent=traceparent,
             tracestate=tracestate,
         )
@@ -250,7 +254,7 @@ class Coordinator(EventRunner):
             self.stats["oversized_events"] += 1
             log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
             return
-        self._enqueue(self.keys.events, payload, HARD_CAP_FACTOR * self.bus.events_maxlen, None)
+        self._enqueue(self.keys.events, payload, hard_cap(self.bus.events_maxlen), None)
 
     # -- hooks in this process, beside the services -------------------------------------------
 
@@ -414,13 +418,12 @@ class Coordinator(EventRunner):
         self._outbox[:0] = kept
 
     async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for stream, payload, maxlen, _ in batch:
-                    pipe.xadd(stream, {DATA_FIELD: payload}, maxlen=maxlen, approximate=True)
-                results = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            results = [exc] * len(batch)
+        results = await xadd_batch(
+            self.redis,
+            [(stream, payload, maxlen) for stream, payload, maxlen, _ in batch],
+            replicas=self.bus.durable_replicas,
+            wait_ms=self.bus.durable_wait_ms,
+        )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
                 continue

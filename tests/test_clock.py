@@ -40,7 +40,7 @@ def ctx(tool: str = "act") -> PreToolUseContext:
 def check(settings: BusSettings, config: HookConfig, **env: str) -> subprocess.CompletedProcess:
     payload = msgspec.json.encode(config).decode()
     return subprocess.run(
-        [sys.executable, "-m", "bus.cli", "worker", "tests.remote_hooks:Scripted", "--check"],
+        [sys.executable, "-m", "workers.cli", "worker", "tests.remote_hooks:Scripted", "--check"],
         env=worker_env(settings, HOOKBUS_TEST_HOOK=payload, **env),
         cwd=ROOT,
         capture_output=True,

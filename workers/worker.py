@@ -49,7 +49,15 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import Entry, connect, consume, dead_letter, ensure_group, keep_and_claim
+from bus.redis_io import (
+    Entry,
+    connect,
+    consume,
+    dead_letter,
+    ensure_group,
+    keep_and_claim,
+    retire_replica,
+)
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
@@ -139,8 +147,7 @@ class HookWorker:
         log.info("hook %s replica %s serving %s", self.spec.name, self.replica, self.stream)
 
     async def deregister(self) -> None:
-        await self.redis.zrem(self.keys.replicas(self.spec.name), self.replica)
-        await self.redis.hdel(self.keys.clocks(self.spec.name), self.replica)
+        await retire_replica(self.redis, self.keys, self.spec.name, self.replica)
         await self._announce("deregister")
         with contextlib.suppress(ResponseError):
             await self.redis.xgroup_delconsumer(self.stream, WORKERS_GROUP, self.replica)

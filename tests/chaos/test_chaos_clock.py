@@ -62,7 +62,7 @@ def check(settings: BusSettings, *env: dict[str, str]) -> subprocess.CompletedPr
     payload = msgspec.json.encode(GUARD).decode()
     extra = {k: v for e in env for k, v in e.items()}
     return subprocess.run(
-        [sys.executable, "-m", "bus.cli", "worker", "tests.remote_hooks:Scripted", "--check"],
+        [sys.executable, "-m", "workers.cli", "worker", "tests.remote_hooks:Scripted", "--check"],
         env=worker_env(settings, HOOKBUS_TEST_HOOK=payload, **extra),
         cwd=ROOT,
         capture_output=True,
