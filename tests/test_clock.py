@@ -8,6 +8,7 @@ quietly off. These tests FAIL (never skip) when libfaketime is missing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -317,3 +318,32 @@ def test_a_skewed_clock_is_an_error_repeated_at_most_once_a_minute(
         "this test's clock is back within 1 s of Redis's (0.020 s ahead of Redis's)",
     )
     assert len(said) == 2
+
+
+async def test_a_reading_slower_than_the_bound_is_not_used() -> None:
+    """A ``TIME`` whose round trip exceeds the bound cannot bound its error: the offset measured
+    before stands. (A private redis-server, frozen for longer than the bound.)"""
+    from bus.redis_io import connect
+    from workers.redis_server import RedisServer, find_redis_server
+
+    if not find_redis_server():
+        pytest.fail("this test freezes a private redis-server: none on PATH")
+    server = RedisServer().start()
+    redis = connect(BusSettings(redis_url=server.url))
+    try:
+        clock = RedisClock("this test")
+        before = await clock.measure(redis)
+        assert before is not None and clock.rtt_ms is not None
+        rtt = clock.rtt_ms
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            reading = asyncio.create_task(clock.measure(redis))
+            await asyncio.sleep(MAX_SKEW_MS / 1000 + 0.3)  # the freeze's length, not a wait
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert await reading is None
+        assert (clock.offset_ms, clock.rtt_ms) == (before, rtt)
+    finally:
+        await redis.aclose()
+        server.close()
