@@ -121,7 +121,7 @@ async def decide(
     *,
     source: str = "",
     sent_ms: int | None = None,
-    now: Callable[[], int] = now_ms,
+    now: Callable[[], int] | None = None,
 ) -> DecisionReply | None:
     """Dispatch one decision request with ``coordinator``: the reply to send back.
 
@@ -132,10 +132,11 @@ async def decide(
     its failure policy rather than failing the whole decision; only a dispatch still not done at
     the expiry (an overloaded service) gets the error reply "no decision within timeout_ms".
     ``source`` names who asked (the gateway's tenant) on the published event and audit records.
-    ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``.
+    ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``
+    (default: Redis's, as the coordinator estimates it; bus/clock.py).
     """
     start = request.ts if sent_ms is None else sent_ms
-    timeout = (start + request.timeout_ms - now()) / 1000
+    timeout = (start + request.timeout_ms - (now or coordinator.clock.now_ms)()) / 1000
     if timeout <= 0:
         return None
     cap = deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
@@ -392,7 +393,6 @@ class CoordinatorService:
             ctx,
             source=f"tenant:{source.tenant}" if source.tenant else "",
             sent_ms=sent,
-            now=self._now,
         )
         if reply is None:
             late = (self._now() - sent - request.timeout_ms) / 1000

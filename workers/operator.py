@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bus.breakglass import BreakGlass, switch
+from bus.clock import redis_ms
 from bus.coordinator import AUDIT_MAXLEN
 from bus.directory import read_manifests
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
@@ -103,7 +104,7 @@ async def list_hooks(
     """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``.
     ``modes=False``: do not read ``{p}:modes`` (a worker's health check may not), so every
     row shows its manifest's mode."""
-    now = now_ms() if now is None else now
+    now = await redis_ms(redis) if now is None else now  # heartbeats are on Redis's clock
     manifests = await read_manifests(redis, keys)
     overrides: Any = await redis.hgetall(keys.modes) if modes else {}
     mode_of = {_text(k): _text(v) for k, v in overrides.items()}
@@ -215,7 +216,7 @@ async def consumer_lag(
 
     Async hooks' replay streams are listed too, but only while they hold a backlog.
     """
-    now = now_ms() if now is None else now
+    now = await redis_ms(redis) if now is None else now  # stream ids are on Redis's clock
     out: list[GroupLag] = []
     for partition in keys.event_partitions:
         out += await _stream_lag(redis, partition, HARD_CAP_FACTOR * events_maxlen, now)
@@ -492,7 +493,7 @@ async def breakglass_on(
     redis: Redis, keys: Keys, reason: str, seconds: float, by: str
 ) -> BreakGlass:
     """Switch the bypass on for ``seconds`` (``{p}:breakglass`` with a TTL), recorded."""
-    glass = switch(reason, seconds, by, now_ms())
+    glass = switch(reason, seconds, by, await redis_ms(redis))  # coordinators use Redis's
     await _record_breakglass(redis, keys, glass, "on", by)  # recorded before it takes effect
     await redis.set(keys.breakglass, encode(glass), px=glass.until_ms - glass.since_ms)
     await _announce_breakglass(redis, keys)
