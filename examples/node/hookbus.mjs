@@ -1,14 +1,14 @@
-// A small HookBus client for Node.js, written from docs/protocol.md (wire protocol v1).
+// A small HookBus client for Node.js, written from docs/protocol.md (wire protocol v2).
 //
 // It plays the "agent using the coordinator service" role (protocol.md, section 10):
-//   emit(event, context)    XADD {p}:events     an EventMessage (section 3.1, 6.1)
-//   decide(event, context)  XADD {p}:decisions  a DecisionRequest (3.5, 6.3), then BLPOP
+//   emit(event, context)    XADD {p}:events:{e0.0}     an EventMessage (section 3.1, 6.1)
+//   decide(event, context)  XADD {p}:decisions:{d0.0}  a DecisionRequest (3.5, 6.3), then BLPOP
 //                           {p}:inbox:{client id} until the DecisionReply (3.6) with our id.
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { createClient } from 'redis';
 
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
 // The 12 lifecycle events (section 4.1).
 export const EVENTS = Object.freeze([
@@ -47,8 +47,9 @@ export class HookBus {
     this.source = source;
     this.clientId = clientId ?? `node-${hostname()}-${process.pid}-${newId().slice(0, 6)}`;
     this.keys = {
-      events: `${prefix}:events`,
-      decisions: `${prefix}:decisions`,
+      // One partition (HOOKBUS_PARTITIONS=1, the default): its hash tags (section 2).
+      events: `${prefix}:events:{e0.0}`,
+      decisions: `${prefix}:decisions:{d0.0}`,
       inbox: `${prefix}:inbox:${this.clientId}`,
     };
     // One connection for commands, one for the blocking pops (section 6.3, client rules).

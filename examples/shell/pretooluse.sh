@@ -34,11 +34,11 @@ id=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')        # 32 lowercase hex char
 inbox="$prefix:inbox:sh-$(hostname)-$$-${id:0:6}"        # our own reply list
 now=$(date +%s%3N)                                       # epoch milliseconds
 
-request="{\"v\":1,\"id\":\"$id\",\"ts\":$now,\"traceparent\":\"\",\"tracestate\":\"\",\
+request="{\"v\":2,\"id\":\"$id\",\"ts\":$now,\"traceparent\":\"\",\"tracestate\":\"\",\
 \"event\":\"PreToolUse\",\"context\":{\"session_id\":\"$session\",\"tool_name\":\"$tool_name\",\
 \"tool_args\":$tool_args,\"step\":0},\"reply_to\":\"$inbox\",\"timeout_ms\":$timeout_ms}"
 
-"${cli[@]}" XADD "$prefix:decisions" MAXLEN '~' 100000 '*' data "$request" >/dev/null || exit 3
+"${cli[@]}" XADD "$prefix:decisions:{d0.0}" MAXLEN '~' 100000 '*' data "$request" >/dev/null || exit 3
 
 # Wait a little longer than timeout_ms: the service's timeout error reply comes at ts + timeout_ms.
 wait_secs=$(( (timeout_ms + 1000 + 999) / 1000 ))
