@@ -194,6 +194,8 @@ async def test_an_async_group_down_while_three_caps_are_published_gets_all_or_th
             assert f"{lost} entries of {keys.events} cut by its hard cap" in procs.logs()
             await wait_for(lambda: metric_total(receiver, "Late") == lost, 30, "the metric")
             assert lag_row(settings, keys.events)[2:5] == ["0", "0", str(lost)]
+            print(f"group down: {total} published, cap {hard_cap(settings.events_maxlen)}: "
+                  f"{len(recorded(record))} handled, {lost} lost and reported")  # fmt: skip
         finally:
             await redis.aclose()
 
@@ -239,6 +241,9 @@ async def test_a_killed_replicas_pending_entries_cut_by_the_cap_are_dead_lettere
         assert recorded(record) == newest
         assert f"pending entries of group Held on {keys.events} were {TRIMMED}" in procs.logs()
         assert lag_row(settings, keys.events)[2:5] == ["0", "0", str(30 + 3 * cap - kept)]
+        print(f"killed replica: 30 held + {3 * cap} published, cap {cap}: "
+              f"{len(recorded(record))} handled, {len(one_by_one)} pending cut (one dead letter "
+              f"each), {3 * cap - kept} never delivered cut (one record)")  # fmt: skip
     finally:
         await redis.aclose()
 
@@ -284,6 +289,8 @@ async def test_the_audit_trail_cut_while_the_audit_log_is_down_is_counted_exactl
         assert int(letter[b"lost"]) == total - kept
         assert f"{total - kept} entries of {keys.audit} cut by its hard cap" in procs.logs()
         assert lag_row(settings, keys.audit)[2:5] == ["0", "0", str(total - kept)]
+        print(f"audit trail: {total} records, cap {cap}: {kept} stored, {total - kept} lost and "
+              "reported")  # fmt: skip
     finally:
         await redis.aclose()
 
