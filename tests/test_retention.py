@@ -237,6 +237,8 @@ async def test_a_killed_replicas_pending_entries_cut_by_the_cap_are_dead_lettere
         one_by_one = {f[b"entry_id"] for f in letters if TRIMMED.encode() in f[b"reason"]}
         assert one_by_one == held_ids  # each held entry, named
         assert sum(int(f[b"lost"]) for f in letters) == 30 + 3 * cap - kept
+        [record_of_gap] = [f for f in letters if f[b"lost"] != b"1"]
+        assert int(record_of_gap[b"lost"]) == 3 * cap - kept
         newest = {msgspec.json.decode(p)["id"] for p in more[-kept:]}
         assert recorded(record) == newest
         assert f"pending entries of group Held on {keys.events} were {TRIMMED}" in procs.logs()
