@@ -69,6 +69,16 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
     return value
 
 
+def _count(env: Mapping[str, str], key: str, default: int) -> int:
+    """A whole number >= 0 (0 switches a feature off)."""
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit():
+        raise ConfigError(f"{key}={raw!r} must be a whole number >= 0")
+    return int(raw)
+
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -99,6 +109,11 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             (``HOOKBUS_SESSION_TTL_SECS``, 3600).
         refresh_secs: how often a coordinator re-reads the hook directory
             (``HOOKBUS_REFRESH_SECS``, 1).
+        durable_replicas: the durable mode (``HOOKBUS_DURABLE_REPLICAS``, 0 = off): a
+            coordinator counts an event or request as published only once this many replicas
+            of its Redis master have it (``WAIT``), so a failover cannot lose it silently.
+        durable_wait_ms: how long a durable publish waits for them
+            (``HOOKBUS_DURABLE_WAIT_MS``, 1000).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -111,6 +126,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     audit_maxlen: int = 10_000
     session_ttl_secs: int = 3600
     refresh_secs: float = 1.0
+    durable_replicas: int = 0
+    durable_wait_ms: int = 1000
 
     @classmethod
     def from_env(
@@ -131,4 +148,6 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             audit_maxlen=_int(env, "HOOKBUS_AUDIT_MAXLEN", 10_000),
             session_ttl_secs=_int(env, "HOOKBUS_SESSION_TTL_SECS", 3600),
             refresh_secs=_positive(env, "HOOKBUS_REFRESH_SECS", 1.0),
+            durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
+            durable_wait_ms=_int(env, "HOOKBUS_DURABLE_WAIT_MS", 1000),
         )

@@ -80,7 +80,8 @@ async def wait_group(redis: Redis, keys: Keys, group: str, replicas: int = 1) ->
     """Until ``replicas`` replicas of the async hook have registered (its group exists)."""
 
     async def registered() -> bool:
-        return bool(await redis.zcard(keys.replicas(group)) >= replicas)
+        # Replica members only: the `stopped` marker of a clean shutdown scores below 0.
+        return bool(await redis.zcount(keys.replicas(group), 0, "+inf") >= replicas)
 
     await wait_for(registered, timeout=30, what=f"{replicas} replicas of {group}")
 

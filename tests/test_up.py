@@ -183,8 +183,8 @@ def live_hooks(settings: BusSettings) -> dict[str, int]:
     live = {}
     for line in result.stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("│").split("│")]
-        if len(cells) >= 9 and cells[0] in HOOKS:
-            live[cells[0]] = int(cells[7].split()[0])  # "2" or "1 of 2"
+        if len(cells) >= 10 and cells[0] in HOOKS:
+            live[cells[0]] = int(cells[8].split()[0])  # "2" or "1 of 2"
     return live
 
 

@@ -41,6 +41,7 @@ from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import ResponseError
 
 from bus import telemetry
+from bus.clock import START_SAMPLES, RedisClock
 from bus.dispatch import eager
 from bus.errors import ProtocolError
 from bus.events import TOOL_EVENTS, session_of, tool_of
@@ -58,7 +59,7 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, group_lost
+from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, group_lost, retire_replica
 from bus.retention import Gap, Retention, group_backlogs
 from bus.settings import BusSettings, HookSettings
 
@@ -113,6 +114,7 @@ class AsyncHookWorker:
         self.redis = connect(settings)
         self.retention = Retention(self.redis, self.keys)
         self.stats = {"handled": 0, "failed": 0, "dead_lettered": 0, "claimed": 0, "skipped": 0}
+        self.clock = RedisClock(f"async hook {self.group} replica {self.replica}")
         self.stats |= {"lost": 0}
         # Entries this replica holds, by stream: read or claimed, not yet settled. The keep-alive
         # keeps them claimed; claimed entries wait in _claimed for the read loop.
@@ -148,14 +150,15 @@ class AsyncHookWorker:
             await self.retention.create_group(side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
         await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
-        await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+        await self.clock.measure(self.redis, START_SAMPLES)
+        await self._heartbeat(measure=False)
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
         log.info("async hook %s replica %s reading %s", self.group, self.replica, self.streams[0])
 
     async def deregister(self) -> None:
-        await self.redis.zrem(self.keys.replicas(self.group), self.replica)
+        await retire_replica(self.redis, self.keys, self.group, self.replica)
         note = ControlMessage(type="deregister", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
 
@@ -439,7 +442,7 @@ class AsyncHookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
-                    await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+                    await self._heartbeat()
                     last_beat = time.monotonic()
                 for stream in self.streams:
                     await self._keep(stream)
@@ -476,6 +479,16 @@ class AsyncHookWorker:
         mine = (await group_backlogs(self.redis, events)).get(self.group)
         if mine:
             self.backlog = (mine["lag"] or 0) + mine["pending"]
+
+    async def _heartbeat(self, measure: bool = True) -> None:
+        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it."""
+        if measure:
+            await self.clock.measure(self.redis)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.replicas(self.group), {self.replica: self.clock.now_ms()})
+            if self.clock.measured:
+                pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
+            await pipe.execute()
 
     async def _claim(self, stream: str) -> None:
         """Take over entries another replica left idle past ``claim_idle_secs`` (it died or

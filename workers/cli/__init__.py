@@ -32,12 +32,36 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hookbus", description="Lifecycle hooks for AI agents, embedded or over Redis."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    parser.add_argument("--version", action="version", version=f"hookbus {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve.register(sub)
     check.register(sub)
     schema.register(sub)
     operate.register(sub)
+    _verbose_everywhere(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hookbus")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _verbose_everywhere(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``-v`` after the command too (``hookbus worker X -v``), not only before it. SUPPRESS:
+    a command's own default must not overwrite a ``-v`` given before the command."""
+    for parser in set(sub.choices.values()):
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+            help="log at debug level",
+        )  # fmt: skip
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _verbose_everywhere(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

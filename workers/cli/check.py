@@ -43,7 +43,8 @@ async def hook_status(
     from bus.protocol import now_ms
     from workers.operator import list_hooks
 
-    rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
+    hooks = await list_hooks(redis, keys, settings.liveness_secs, modes=False)
+    rows = [r for r in hooks if r.name == hook]
     if not rows:
         return False, f"hook {hook} is not registered in {keys.hooks}"
     live_ms = settings.liveness_secs * 1000
@@ -142,7 +143,9 @@ def worker_check(args: argparse.Namespace) -> int:
     host = socket.gethostname() if args.here else None
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
-        return await hook_status(redis, keys, settings, name, host)
+        from workers.health import clock_checked  # and the clocks: workers/health.py
+
+        return await clock_checked(hook_status, redis, keys, settings, name, host)
 
     return run_check(args, probe)
 

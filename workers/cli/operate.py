@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def _replay(args: argparse.Namespace) -> int:
     from bus.keys import Keys
     from bus.redis_io import connect
-    from workers.replay import replay_dead_letters, replay_range
+    from workers.replay import check_replayable, replay_dead_letters, replay_range
 
     settings = settings_of(args)
 
@@ -35,6 +35,7 @@ def _replay(args: argparse.Namespace) -> int:
         redis = connect(settings)
         try:
             keys = Keys(settings.prefix)
+            await check_replayable(redis, keys, args.hook)
             if args.dlq:
                 return await replay_dead_letters(redis, keys, args.hook)
             return await replay_range(redis, keys, args.hook, args.start, args.end)
@@ -245,11 +246,12 @@ def _with_progress(
 def _dlq_replay(args: argparse.Namespace) -> int:
     from bus.keys import check_name
     from workers.operator import count_dead_letters, list_hooks
-    from workers.replay import replay_dead_letters
+    from workers.replay import check_replayable, replay_dead_letters
 
     hook = check_name("hook name", args.hook)
 
     async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, int, str]:
+        await check_replayable(redis, keys, hook)
         total, _ = await count_dead_letters(redis, keys, hook)
         rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
         return total, rows[0].live if rows else 0, keys.replay(hook)
