@@ -18,9 +18,9 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
-from bus.keys import Keys
+from bus.keys import WORKERS_GROUP, Keys
 from bus.protocol import DATA_FIELD, AuditRecord, encode, new_id, now_ms
-from bus.redis_io import connect
+from bus.redis_io import connect, keep_and_claim
 from bus.retention import TRIMMED, Retention, hard_cap
 from bus.settings import BusSettings
 from tests.harness import Processes, audit_events, wait_for
@@ -146,6 +146,38 @@ async def test_a_gap_is_counted_exactly_settled_once_and_the_group_reads_on(
         assert await counted(redis, keys, "Late", keys.events) == 6000 - length
         [row] = [r for r in await consumer_lag(redis, keys, 200, 10) if r.stream == keys.events]
         assert (row.lost, row.pending) == (6000 - length, 10)
+    finally:
+        await redis.aclose()
+
+
+async def test_sync_requests_and_decisions_cut_while_pending_are_dead_lettered(
+    bus_settings: BusSettings,
+) -> None:
+    """keep_and_claim (sync hook workers, coordinator-service replicas): the pending entries
+    XAUTOCLAIM names as deleted become dead letters, one each; in-flight ones are still run."""
+    keys = Keys(bus_settings.prefix)
+    redis = connect(bus_settings)
+    stream = keys.requests("Guard")
+    try:
+        await redis.xgroup_create(stream, WORKERS_GROUP, id="0", mkstream=True)
+        for i in range(5):
+            await redis.xadd(stream, {DATA_FIELD: f"r{i}".encode()})
+        read: Any = await redis.xreadgroup(WORKERS_GROUP, "dead", {stream: ">"}, count=3)
+        cut = [entry_id for entry_id, _ in read[0][1]]
+        await publish_capped(redis, stream, [b"x"] * 500, 100)  # cuts them
+        mine = {cut[0]}  # one of them a live replica is still running
+        taken = await keep_and_claim(
+            redis, stream, WORKERS_GROUP, "live", mine, 0, 100, dlq=keys.dlq, hook="Guard"
+        )
+        assert all(entry_id not in cut for entry_id, _ in taken)
+        letters: Any = await redis.xrange(keys.dlq)
+        assert sorted(f[b"entry_id"] for _, f in letters) == sorted(cut[1:])
+        assert {f[b"reason"] for _, f in letters} == {
+            f"{TRIMMED}: cut by the cap of {stream} while pending".encode()
+        }
+        assert {(f[b"hook"], f[b"groups"], f[b"lost"]) for _, f in letters} == {
+            (b"Guard", WORKERS_GROUP.encode(), b"1")
+        }
     finally:
         await redis.aclose()
 
