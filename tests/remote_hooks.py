@@ -69,6 +69,8 @@ class AsyncConfig(msgspec.Struct, kw_only=True):
     fixed_flag: str = ""  # ... until this file exists
     record: str = ""  # a file each handled event id is appended to
     events: list[HookEvent] = msgspec.field(default_factory=list)
+    delay_secs: float = 0  # each event takes this long (asyncio.sleep) before it is recorded
+    timeout: float | None = None  # the hook's timeout (default: the async timeout)
 
 
 class ScriptedAsync(AsyncAgentHook):
@@ -80,6 +82,7 @@ class ScriptedAsync(AsyncAgentHook):
         self.config = config
         self.name = config.name  # type: ignore[misc]
         self.subscribed_events = tuple(config.events)  # type: ignore[misc]
+        self.timeout = config.timeout  # type: ignore[misc]
 
     async def _handle(self, ctx: Any) -> None:
         event = current_event.get()
@@ -88,6 +91,8 @@ class ScriptedAsync(AsyncAgentHook):
         fixed = self.config.fixed_flag and os.path.exists(self.config.fixed_flag)
         if self.config.fail_session and session == self.config.fail_session and not fixed:
             raise RuntimeError(f"cannot handle session {session}")
+        if self.config.delay_secs:
+            await asyncio.sleep(self.config.delay_secs)
         if self.config.record:
             with open(self.config.record, "a") as f:
                 f.write(f"{event.id}\n")

@@ -239,6 +239,7 @@ class CoordinatorService:
                     self.coordinator.id,
                     self._in_flight,
                     idle_ms,
+                    dlq=self.keys.dlq,
                 ):
                     self.stats["claimed"] += 1
                     _failures.info("took over decision request %s from a silent replica", entry_id)

@@ -408,8 +408,9 @@ class HookWorker:
                     last_beat = time.monotonic()
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
-                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms
-                ):
+                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms,
+                    dlq=self.keys.dlq, hook=self.spec.name,
+                ):  # fmt: skip
                     self.stats["claimed"] += 1
                     await self._start(entry_id, fields)
             except (RedisError, OSError) as exc:
