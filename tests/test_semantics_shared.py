@@ -264,7 +264,10 @@ async def test_input_no_hook_could_inspect_is_refused_whatever_the_policies(
     assert result.is_blocked and [b.hook_name for b in result.blocking_errors] == ["HookBus"]
     assert "the limit is 64 (MAX_CONTEXT_DEPTH)" in result.action.reason
     result = await runner.run_pre_tool_use(pre(deep=nested(70)))
-    assert "nests 72 levels deep; the limit is 64 (MAX_CONTEXT_DEPTH)" in result.action.reason
+    assert (
+        "nests more than 64 levels deep; the limit is 64 (MAX_CONTEXT_DEPTH)"
+        in result.action.reason
+    )
     result = await runner.run_pre_tool_use(pre(blob="y" * 1_100_000))
     assert result.is_blocked and "(MAX_CONTEXT_BYTES)" in result.action.reason
     ctx = PermissionRequestContext(session_id="s1", tool_name="run_shell", tool_args=deep)

@@ -172,7 +172,9 @@ class CoordinatorService:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be answered: {type(exc).__name__}: {exc}"
-            await dead_letter(self.redis, self.keys, self.keys.decisions, why, data)
+            await dead_letter(
+                self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
+            )
             with contextlib.suppress(*UNREACHABLE):
                 await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
 
@@ -226,7 +228,9 @@ class CoordinatorService:
         as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
         whatever the hooks' policies, and recorded as a dead letter. A request whose event or
         reply_to cannot be read is rejected as any other malformed one."""
-        head = decode_head(data, _Head)
+        # Reading the head of a message over the bounds walks all of it (up to ~0.2 s for a
+        # megabyte of small strings): off the event loop, so that other decisions go on.
+        head = await asyncio.to_thread(decode_head, data, _Head)
         try:
             event = HookEvent(head.event) if head is not None else None
         except ValueError:
@@ -237,7 +241,9 @@ class CoordinatorService:
         self.stats["refused"] += 1
         _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
         why = f"{event.value} refused: {exc}"
-        await dead_letter(self.redis, self.keys, self.keys.decisions, why, data)
+        await dead_letter(
+            self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
+        )
         if head.ts and head.ts + head.timeout_ms < now_ms():
             self.stats["expired"] += 1
             with contextlib.suppress(*UNREACHABLE):
@@ -266,7 +272,14 @@ class CoordinatorService:
             await self._send(entry_id, head.reply_to, reply)
         else:
             self.stats["dead_lettered"] += 1
-            await dead_letter(self.redis, self.keys, self.keys.decisions, str(exc), data)
+            await dead_letter(
+                self.redis,
+                self.keys,
+                self.keys.decisions,
+                str(exc),
+                data,
+                entry_id=entry_id.decode(),
+            )
             await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
 
     async def _send(self, entry_id: bytes, reply_to: str, reply: DecisionReply) -> None:

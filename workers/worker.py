@@ -238,7 +238,9 @@ class HookWorker:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be handled: {type(exc).__name__}: {exc}"
-            await dead_letter(self.redis, self.keys, self.stream, why, data)
+            await dead_letter(
+                self.redis, self.keys, self.stream, why, data, entry_id=entry_id.decode()
+            )
             await self._ack(entry_id)
 
     async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
@@ -255,7 +257,14 @@ class HookWorker:
         except ProtocolError as exc:
             self.stats["malformed"] += 1
             _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
-            await dead_letter(self.redis, self.keys, self.stream, str(exc), data or b"")
+            await dead_letter(
+                self.redis,
+                self.keys,
+                self.stream,
+                str(exc),
+                data or b"",
+                entry_id=entry_id.decode(),
+            )
             await self._refuse(data or b"", exc)
             await self._ack(entry_id)
             return
@@ -355,7 +364,11 @@ class HookWorker:
             return outcome
 
     async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
-        """Tell the requester at once, when it can be told, instead of letting it time out."""
+        """Tell the requester at once, when it can be told, instead of letting it time out. A
+        request over the bounds of ``bus/limits.py`` is not read further (no coordinator of
+        HookBus sends one: it refuses such a context before asking any hook)."""
+        if isinstance(exc, LimitError):
+            return
         head = decode_head(data, _Head)
         if head is None or not (head.id and self.keys.is_inbox(head.reply_to)):
             return
