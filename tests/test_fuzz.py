@@ -472,3 +472,80 @@ def _allow() -> Override:
 
 def _pre(args: dict[str, Any]) -> PreToolUseContext:
     return PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
+
+
+def flood(i: int, envelope: dict[str, Any]) -> dict[bytes, bytes]:
+    """The i-th of a mix of poison entries: too deep, malformed JSON, wrong types, no data."""
+    kinds = [
+        lambda: {b"data": deep_json(1_000 + i)},
+        lambda: {b"data": b'{"v":1,"id":' + str(i).encode()},
+        lambda: {b"data": json.dumps({**envelope, "ts": "never"}).encode()},
+        lambda: {b"data": json.dumps({**envelope, "junk": nested(200)}).encode()},
+        lambda: {b"other": str(i).encode()},
+    ]
+    return kinds[i % len(kinds)]()
+
+
+async def test_400_poison_messages_log_a_bounded_number_of_lines(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """400 poison entries each to a hook service, an async hook service and the coordinator
+    service: each is dead-lettered once, and each service writes a few lines (the first
+    failure of a kind, then one line with the count), never a traceback per message."""
+    keys = Keys(bus_settings.prefix)
+    procs.scripted(bus_settings, HookConfig(name="Sink"))
+    config = msgspec.json.encode(AsyncConfig(name="AsyncSink")).decode()
+    procs.worker(
+        bus_settings, "tests.remote_hooks:ScriptedAsync", "AsyncSink", HOOKBUS_TEST_ASYNC=config
+    )
+    procs.start(["coordinator"], worker_env(bus_settings), "coordinator")
+    redis = Redis.from_url(bus_settings.redis_url)
+    try:
+
+        async def groups_ready() -> bool:
+            return all([await redis.exists(k) for k in (keys.decisions, keys.requests("Sink"))])
+
+        await wait_for(groups_ready, timeout=30, what="the services' groups")
+        await wait_for(lambda: redis.zcard(keys.replicas("AsyncSink")), what="AsyncSink")
+        request = {**VALID_REQUEST, "hook": "Sink"}
+        event = {"v": 1, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
+        streams = {
+            keys.requests("Sink"): (request, WORKERS_GROUP),
+            keys.events: (event, "AsyncSink"),
+            keys.decisions: (
+                {"v": 1, "id": "d", "ts": 1, "event": "PreToolUse"},
+                COORDINATORS_GROUP,
+            ),
+        }
+        t0 = time.monotonic()
+        for stream, (envelope, _) in streams.items():
+            async with redis.pipeline(transaction=False) as pipe:
+                for i in range(400):
+                    pipe.xadd(stream, flood(i, envelope))
+                await pipe.execute()
+
+        async def all_dead_lettered() -> bool:
+            for stream, (_, group) in streams.items():
+                info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
+                if info[group]["pending"] or info[group]["lag"]:
+                    return False
+            return await redis.xlen(keys.dlq) >= 1200
+
+        await wait_for(all_dead_lettered, timeout=60, what="1,200 dead letters")
+        handled_in = time.monotonic() - t0
+        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        for stream in streams:
+            assert sum(f[b"source"] == stream.encode() for f in letters) == 400, stream
+        # The count of what was not logged line by line comes at the end of the interval.
+        await wait_for(
+            lambda: procs.logs().count("times in the last") >= 3, timeout=30, what="the counts"
+        )
+        assert all(p.poll() is None for p in procs.procs)
+        for path in sorted(procs.logdir.glob("*.log")):
+            lines = path.read_text().splitlines()
+            assert len(lines) < 20, (path.name, lines)
+            assert sum("Traceback" in line for line in lines) <= 1, (path.name, lines)
+        print(f"1,200 poison entries dead-lettered in {handled_in:.1f}s; log lines: "
+              f"{len(procs.logs().splitlines())}")  # fmt: skip
+    finally:
+        await redis.aclose()

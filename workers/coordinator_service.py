@@ -37,13 +37,23 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import UNREACHABLE, Entry, consume, dead_letter, ensure_group, keep_and_claim
+from bus.redis_io import (
+    UNREACHABLE,
+    Entry,
+    Settled,
+    consume,
+    dead_letter,
+    ensure_group,
+    keep_and_claim,
+)
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
 _failures = RateLimitedLog(log)
+#: Round trips of its own a replica has in flight at most (redis-py's pool holds 100).
+IO_SLOTS = 32
 #: Events whose result decides something: a result that cannot be sent becomes a refusal.
 _DECIDING = (
     HookEvent.PRE_TOOL_USE,
@@ -85,6 +95,10 @@ class CoordinatorService:
             "claimed": 0,
         }
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
+        self._settled = Settled()
+        # The service's own round trips at once (replies, dead letters, acknowledgements): a
+        # burst of requests, poison ones above all, must not exhaust the connection pool.
+        self._io = asyncio.Semaphore(IO_SLOTS)
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -126,7 +140,7 @@ class CoordinatorService:
         )
 
     def _start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        if entry_id in self._in_flight:
+        if entry_id in self._in_flight or entry_id in self._settled:
             return
         task = asyncio.create_task(self._answer_safely(entry_id, fields))
         self._in_flight[entry_id] = task
@@ -172,11 +186,17 @@ class CoordinatorService:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be answered: {type(exc).__name__}: {exc}"
-            await dead_letter(
-                self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
-            )
+            async with self._io:
+                await dead_letter(
+                    self.redis,
+                    self.keys,
+                    self.keys.decisions,
+                    why,
+                    data,
+                    entry_id=entry_id.decode(),
+                )
             with contextlib.suppress(*UNREACHABLE):
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self._ack(entry_id)
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
@@ -199,7 +219,7 @@ class CoordinatorService:
             self.stats["expired"] += 1
             log.info("decision request %s expired before it was read; dropped", request.id)
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self._ack(entry_id)
             return
         # Every hook of this dispatch must answer within what the agent will wait, so that a
         # slow hook is skipped under its failure policy rather than failing the whole decision.
@@ -236,18 +256,19 @@ class CoordinatorService:
         except ValueError:
             event = None
         if head is None or event is None or not self.keys.is_inbox(head.reply_to):
-            await self._reject(entry_id, data, exc)
+            await self._reject(entry_id, data, exc, head or _ReplyTo())
             return
         self.stats["refused"] += 1
         _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
         why = f"{event.value} refused: {exc}"
-        await dead_letter(
-            self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
-        )
+        async with self._io:
+            await dead_letter(
+                self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
+            )
         if head.ts and head.ts + head.timeout_ms < now_ms():
             self.stats["expired"] += 1
             with contextlib.suppress(*UNREACHABLE):
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self._ack(entry_id)
             return
         result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(exc))
         reply = DecisionReply(
@@ -255,11 +276,18 @@ class CoordinatorService:
         )
         await self._send(entry_id, head.reply_to, reply)
 
-    async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
+    async def _reject(
+        self,
+        entry_id: bytes,
+        data: bytes,
+        exc: InvalidInputError,
+        head: _ReplyTo | None = None,
+    ) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""
         self.stats["rejected"] += 1
         _failures.warning("rejected decision request %s: %s", entry_id.decode(), exc)
-        head = decode_head(data, _ReplyTo) or _ReplyTo()
+        if head is None:  # within the bounds (else read by _refuse): cheap to read
+            head = decode_head(data, _ReplyTo) or _ReplyTo()
         if self.keys.is_inbox(head.reply_to):
             reply = DecisionReply(
                 id=new_id(),
@@ -272,15 +300,21 @@ class CoordinatorService:
             await self._send(entry_id, head.reply_to, reply)
         else:
             self.stats["dead_lettered"] += 1
-            await dead_letter(
-                self.redis,
-                self.keys,
-                self.keys.decisions,
-                str(exc),
-                data,
-                entry_id=entry_id.decode(),
-            )
+            async with self._io:
+                await dead_letter(
+                    self.redis,
+                    self.keys,
+                    self.keys.decisions,
+                    str(exc),
+                    data,
+                    entry_id=entry_id.decode(),
+                )
+            await self._ack(entry_id)
+
+    async def _ack(self, entry_id: bytes) -> None:
+        async with self._io:
             await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+        self._settled.add(entry_id)
 
     async def _send(self, entry_id: bytes, reply_to: str, reply: DecisionReply) -> None:
         try:
@@ -296,10 +330,11 @@ class CoordinatorService:
                 fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
             payload = encode(fallback)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
+            async with self._io, self.redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(reply_to, payload)
                 pipe.pexpire(reply_to, REPLY_TTL_MS)
                 pipe.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
             _failures.warning("could not answer %s: %s", reply.request_id, exc)

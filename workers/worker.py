@@ -50,7 +50,15 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import Entry, connect, consume, dead_letter, ensure_group, keep_and_claim
+from bus.redis_io import (
+    Entry,
+    Settled,
+    connect,
+    consume,
+    dead_letter,
+    ensure_group,
+    keep_and_claim,
+)
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
@@ -112,6 +120,7 @@ class HookWorker:
         self.redis = connect(settings)
         self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0}
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
+        self._settled = Settled()
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
@@ -202,7 +211,7 @@ class HookWorker:
         )
 
     async def _start(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
-        if entry_id in self._in_flight:
+        if entry_id in self._in_flight or entry_id in self._settled:
             return
         await self._slots.acquire()
         self._in_flight[entry_id] = None
@@ -313,6 +322,7 @@ class HookWorker:
                 pipe.pexpire(request.reply_to, REPLY_TTL_MS)
                 pipe.xack(self.stream, WORKERS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled.add(entry_id)
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
             _failures.warning("could not reply to %s: %s", request.id, exc)
@@ -388,6 +398,7 @@ class HookWorker:
     async def _ack(self, entry_id: bytes) -> None:
         try:
             await self.redis.xack(self.stream, WORKERS_GROUP, entry_id)
+            self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
             log.warning("could not acknowledge %s: %s", entry_id.decode(), exc)
 
