@@ -148,9 +148,25 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
     context). Raises LimitError naming the bound, also when msgspec cannot encode it at all:
     nested too deep for it (``RecursionError``), or holding what JSON cannot (an object of an
     unsupported type, a lone surrogate)."""
-    depth = MAX_CONTEXT_DEPTH if context else MAX_DEPTH
+    data = _encode(value, what, MAX_CONTEXT_DEPTH if context else MAX_DEPTH)
+    if context:
+        check_context(data, what)
+    else:
+        check(data, what)
+    return data
+
+
+def check_answer(action: Any) -> None:
+    """Raise LimitError unless a hook's answer fits in the ``HookReply`` that carries it (where
+    it is level 2). The distributed mode finds this out when the worker encodes its reply; the
+    dispatcher checks the answers that carry free-form values the same way in both modes."""
+    check(_encode({"action": action}, "HookReply", MAX_DEPTH), "HookReply")
+
+
+def _encode(value: Any, what: str, depth: int) -> bytes:
+    context = depth == MAX_CONTEXT_DEPTH
     try:
-        data = _encoder.encode(value)
+        return _encoder.encode(value)
     except RecursionError:
         name = "MAX_CONTEXT_DEPTH" if context else "MAX_DEPTH"
         raise LimitError(
@@ -164,11 +180,6 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
             "$.context" if context else "",
             limit="encodable",
         ) from None
-    if context:
-        check_context(data, what)
-    else:
-        check(data, what)
-    return data
 
 
 def top_level(data: bytes) -> bytes | None:

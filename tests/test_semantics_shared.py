@@ -290,3 +290,24 @@ async def test_input_no_hook_could_inspect_is_refused_whatever_the_policies(
     result = await runner.run_post_tool_use(post)
     assert result.final_content == text and result.warnings == ("seen",)
     assert calls.read_text().split()[0] == POST
+
+
+async def test_an_answer_too_deep_to_send_fails_its_hook(harness: Any) -> None:
+    """Embedded or not, an answer whose reply would nest past MAX_DEPTH fails its hook (under
+    its policy) with the same reason; one that fits is applied."""
+    runner = await harness.start(
+        hook("deep", 0, answers={POST: Metadata(key="m", value=nested(200))}),
+        hook("fits", 1, answers={POST: Metadata(key="n", value=nested(126))}),
+        hook(
+            "strict", 2, failure_policy="fail", answers={PRE: MutateInput(updated_args=nested(300))}
+        ),
+    )
+    result = await runner.run_post_tool_use(PostToolUseContext(session_id="s1", tool_name="t"))
+    assert [(s.hook_name, s.kind) for s in result.skipped] == [("deep", "error")]
+    assert result.skipped[0].detail == (
+        "the hook's answer could not be sent: HookReply nests more than 128 levels deep; "
+        "the limit is 128 (MAX_DEPTH)"
+    )
+    assert result.metadata == {"n": nested(126)}
+    blocked = await runner.run_pre_tool_use(pre())
+    assert blocked.is_blocked and "hook strict failed: the hook's answer" in blocked.action.reason
