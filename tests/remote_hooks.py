@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from bus import AsyncAgentHook, HookAction, HookEvent, ToolMatchFilter
+from bus import AsyncAgentHook, HookAction, HookEvent, Metadata, MutateInput, ToolMatchFilter
 from bus.hooks import ASYNC_METHODS, current_event
 from tests.hooks_for_tests import Recorder
 
@@ -122,3 +122,28 @@ class FromRedis(Recorder):
     async def _answer(self, event: HookEvent, ctx: Any) -> Any:
         raw = await self.redis.hget(self.key, f"{self.name}:{event.value}")
         return msgspec.json.decode(raw, type=HookAction) if raw else None
+
+
+def nested(depth: int) -> Any:
+    """``[[…[]…]]``, ``depth`` arrays deep (built without recursion)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+class DeepAnswers(Recorder):
+    """Answers with a value nested ``HOOKBUS_TEST_DEPTH`` levels deep in Metadata for
+    PostToolUse, one level less in MutateInput's ``updated_args["deep"]`` for PreToolUse: either
+    reply then nests that depth + 2 levels. Its name comes from ``HOOKBUS_TEST_NAME``."""
+
+    def __init__(self) -> None:
+        super().__init__(os.environ["HOOKBUS_TEST_NAME"])
+        self.depth = int(os.environ["HOOKBUS_TEST_DEPTH"])
+
+    async def _answer(self, event: HookEvent, ctx: Any) -> Any:
+        if event == HookEvent.PRE_TOOL_USE:
+            return MutateInput(updated_args={"deep": nested(self.depth - 1)})
+        if event == HookEvent.POST_TOOL_USE:
+            return Metadata(key="deep", value=nested(self.depth))
+        return None

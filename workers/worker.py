@@ -53,6 +53,7 @@ from bus.protocol import (
 from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     Entry,
+    Settled,
     connect,
     consume,
     dead_letter,
@@ -124,6 +125,7 @@ class HookWorker:
         self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
+        self._settled = Settled()
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
@@ -218,7 +220,7 @@ class HookWorker:
         )
 
     async def _start(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
-        if entry_id in self._in_flight:
+        if entry_id in self._in_flight or entry_id in self._settled:
             return
         await self._slots.acquire()
         self._in_flight[entry_id] = None
@@ -254,7 +256,9 @@ class HookWorker:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be handled: {type(exc).__name__}: {exc}"
-            await dead_letter(self.redis, self.keys, self.stream, why, data)
+            await dead_letter(
+                self.redis, self.keys, self.stream, why, data, entry_id=entry_id.decode()
+            )
             await self._ack(entry_id)
 
     async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
@@ -271,7 +275,14 @@ class HookWorker:
         except ProtocolError as exc:
             self.stats["malformed"] += 1
             _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
-            await dead_letter(self.redis, self.keys, self.stream, str(exc), data or b"")
+            await dead_letter(
+                self.redis,
+                self.keys,
+                self.stream,
+                str(exc),
+                data or b"",
+                entry_id=entry_id.decode(),
+            )
             await self._refuse(data or b"", exc)
             await self._ack(entry_id)
             return
@@ -322,6 +333,7 @@ class HookWorker:
                 pipe.pexpire(request.reply_to, REPLY_TTL_MS)
                 pipe.xack(self.stream, WORKERS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled.add(entry_id)
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
             _failures.warning("could not reply to %s: %s", request.id, exc)
@@ -373,7 +385,11 @@ class HookWorker:
             return outcome
 
     async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
-        """Tell the requester at once, when it can be told, instead of letting it time out."""
+        """Tell the requester at once, when it can be told, instead of letting it time out. A
+        request over the bounds of ``bus/limits.py`` is not read further (no coordinator of
+        HookBus sends one: it refuses such a context before asking any hook)."""
+        if isinstance(exc, LimitError):
+            return
         head = decode_head(data, _Head)
         if head is None or not (head.id and self.keys.is_inbox(head.reply_to)):
             return
@@ -393,6 +409,7 @@ class HookWorker:
     async def _ack(self, entry_id: bytes) -> None:
         try:
             await self.redis.xack(self.stream, WORKERS_GROUP, entry_id)
+            self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
             log.warning("could not acknowledge %s: %s", entry_id.decode(), exc)
 
