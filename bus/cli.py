@@ -718,6 +718,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coordinator.set_defaults(func=_coordinator)
 
+    from workers import gateway as gateway_command  # its options and run(); Starlette on demand
+
+    gateway = with_redis(
+        sub.add_parser("gateway", help="decisions over HTTP (bearer token per tenant)")
+    )
+    gateway_command.add_arguments(gateway)
+    gateway.set_defaults(func=gateway_command.run)
+
     check = with_redis(
         sub.add_parser("check", help="health check: exit 0 if Redis answers (PING), else 1")
     )
