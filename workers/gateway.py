@@ -221,7 +221,7 @@ class Gateway:
 
     async def decisions(self, tenant: str, body: bytes) -> Answer:
         """``POST /v1/decisions``: one ``DecisionRequest``, one ``DecisionReply``."""
-        from workers.coordinator_service import decide, read_request
+        from workers.coordinator_service import decide, qualify, read_request
 
         self.stats["decisions"] += 1
         try:
@@ -238,6 +238,8 @@ class Gateway:
             request = msgspec.structs.replace(
                 request, id=request.id or new_id(), ts=request.ts or now_ms()
             )
+        # The tenant's sessions are its own: qualified as the coordinator service does.
+        ctx = qualify(ctx, tenant)
         reply = await decide(self.coordinator, request, ctx, source=f"tenant:{tenant}")
         if reply is None or reply.status == "error":
             self.stats["timed_out"] += 1
@@ -248,7 +250,7 @@ class Gateway:
     async def claude_code(self, tenant: str, body: bytes) -> Answer:
         """``POST /claude-code``: Claude Code's hook input, answered in its output format."""
         from workers.claude_code import fail_closed, to_claude_code, to_hookbus
-        from workers.coordinator_service import decide
+        from workers.coordinator_service import decide, qualify
 
         self.stats["claude_code"] += 1
         try:
@@ -263,7 +265,8 @@ class Gateway:
             id=new_id(), ts=now_ms(), event=call.event, context=raw(call.ctx),
             timeout_ms=self.claude_timeout_ms,
         )  # fmt: skip
-        reply = await decide(self.coordinator, request, call.ctx, source=f"tenant:{tenant}")
+        ctx = qualify(call.ctx, tenant)
+        reply = await decide(self.coordinator, request, ctx, source=f"tenant:{tenant}")
         if reply is not None and reply.status == "ok":
             return _json(200, to_claude_code(call, reply.result))
         self.stats["timed_out"] += 1
