@@ -63,6 +63,7 @@ from bench.sync_dispatch import (
     time_calls,
     wait_until,
 )
+from bus.keys import Keys
 from bus.protocol import new_id, now_ms, raw
 from workers.gateway import digest
 from workers.redis_server import free_port
@@ -227,7 +228,7 @@ async def run(plan: Plan, url: str, children: Children, logdir: Path) -> dict[st
     try:
 
         async def hook_live() -> bool:
-            return bool(await redis.zcard(f"{PREFIX}:hook:{hook.name}:replicas"))
+            return bool(await redis.zcard(Keys(PREFIX).replicas(hook.name)))
 
         await wait_until(hook_live, children, "the hook service")
         children.start("coordinator", "workers.cli", ["coordinator"], env)
@@ -241,7 +242,7 @@ async def run(plan: Plan, url: str, children: Children, logdir: Path) -> dict[st
 
         async def coordinator_up() -> bool:
             try:
-                groups = await redis.xinfo_groups(f"{PREFIX}:decisions")
+                groups = await redis.xinfo_groups(Keys(PREFIX).decision_partitions[0])
             except Exception:
                 return False
             return bool(groups)
@@ -251,7 +252,9 @@ async def run(plan: Plan, url: str, children: Children, logdir: Path) -> dict[st
         cc_body = claude_code_input()
         claude = HttpAgent(gateway_port, "/claude-code", TOKEN, lambda: ("{}", cc_body))
         floor = HttpAgent(floor_port, "/v1/decisions", FLOOR_TOKEN, decision_body)
-        foreign = ForeignAgent(redis, PREFIX, hookbus_decision(raw(context())))
+        foreign = ForeignAgent(
+            redis, PREFIX, hookbus_decision(raw(context())), Keys(PREFIX).decision_partitions[0]
+        )
         calls: dict[str, Call] = {
             "http": http, "claude-code": claude, "redis": foreign, "floor": floor,
             "bridge": bridge_call(gateway_port),
