@@ -266,7 +266,10 @@ class AsyncHookWorker:
         )
         if gap:
             self._gaps.append(gap)
-        await self._record_gaps()
+        try:
+            await self._record_gaps()
+        except UNREACHABLE as exc:  # the entries read are handled; the keep-alive retries
+            log.warning("could not record entries lost yet (%s); retrying", exc)
         return entries
 
     async def _record_gaps(self) -> None:
