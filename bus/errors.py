@@ -10,6 +10,7 @@
     │   └── ProtocolError           a wire message that does not fit the protocol (names the field)
     │       └── LimitError          a message or context over a bound of bus/limits.py (names it)
     ├── ConfigError                 a setting that cannot be used (bad env var, bad hook class)
+    │   └── RedisAuthError          Redis refused the credentials (permanent: services stop)
     ├── TransportError              Redis could not be reached or answered with an error
     └── HookFailure                 one hook call that did not answer
         ├── HookTimeout             it ran past its timeout
@@ -76,6 +77,13 @@ class LimitError(ProtocolError):
 
 class ConfigError(HookBusError):
     """A setting or hook declaration that cannot be used."""
+
+
+class RedisAuthError(ConfigError):
+    """Redis refused the connection's credentials (missing or wrong password, unknown or
+    disabled user). Permanent: retrying cannot help, so a service stops (exit status 2) instead
+    of retrying. Deliberately not a ``redis.exceptions.RedisError``: every retry loop, which
+    catches those, lets it through (bus/redis_io.py raises it, in one place)."""
 
 
 class TransportError(HookBusError):

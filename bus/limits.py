@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from bus.errors import LimitError
+from bus.events import CONTEXT_TYPES
 
 MAX_MESSAGE_BYTES = 1_048_576
 MAX_DEPTH = 128
@@ -154,6 +155,14 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
     else:
         check(data, what)
     return data
+
+
+_WHAT = {kind: f"{event.value} context" for event, kind in CONTEXT_TYPES.items()}
+
+
+def encode_context(ctx: Any) -> bytes:
+    """A context as JSON, within the bounds of a context (LimitError otherwise)."""
+    return encode(ctx, _WHAT[type(ctx)], context=True)
 
 
 def check_answer(action: Any) -> None:
