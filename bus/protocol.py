@@ -198,7 +198,8 @@ def decode(data: bytes | str, kind: type[T]) -> T:
     (LimitError); whatever else the parser raises becomes a ProtocolError too."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    limits.check(data, kind.__name__)
+    if data.count(b"[") + data.count(b"{") > limits.MAX_DEPTH or len(data) > MAX_MESSAGE_BYTES:
+        limits.check(data, kind.__name__)  # (its fast path inlined above: the usual case)
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
