@@ -231,6 +231,7 @@ class Trail(AsyncAgentHook):
         assert all(r.kind in ("shadowed", "breakglass") for r in records)
 
 
+@pytest.mark.timeout(300)  # 1,500 examples of five services each: about a minute, more under load
 @settings(
     max_examples=1500,
     deadline=None,
