@@ -168,6 +168,16 @@ async def decide(
         deadline_cap.reset(cap)
 
 
+def refused_reply(request_id: str, event: HookEvent, error: LimitError) -> DecisionReply:
+    """The reply to a decision request whose context no hook could be shown (``read_request``
+    raised LimitError): the refusal's result (protocol.md 5.6), never an error the agent could
+    take for "no objection"."""
+    result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(error))
+    return DecisionReply(
+        id=new_id(), ts=now_ms(), request_id=request_id, event=event, result=result
+    )
+
+
 class CoordinatorService:
     """One replica of the coordinator service."""
 
@@ -320,10 +330,40 @@ class CoordinatorService:
         await self._send(entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
 
+    async def _refuse(self, entry_id: bytes, data: bytes, exc: LimitError) -> None:
+        """A request whose context no hook could be shown (too large, too deep): decided at once
+        as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
+        whatever the hooks' policies, and recorded as a dead letter. A request whose event or
+        reply_to cannot be read is rejected as any other malformed one."""
+        # Reading the head of a message over the bounds walks all of it (up to ~0.2 s for a
+        # megabyte of small strings): off the event loop, so that other decisions go on.
+        head = await asyncio.to_thread(decode_head, data, _Head)
+        try:
+            event = HookEvent(head.event) if head is not None else None
+        except ValueError:
+            event = None
+        if head is None or event is None or not self.keys.is_inbox(head.reply_to):
+            await self._reject(entry_id, data, exc, head or _ReplyTo())
+            return
+        self.stats["refused"] += 1
+        _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
+        why = f"{event.value} refused: {exc}"
+        async with self._io:
+            await dead_letter(
+                self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
+            )
+        if head.ts and self._sent(entry_id, head) + head.timeout_ms < self._now():
+            self.stats["expired"] += 1
+            self.expired.drop(f"refused request {head.id} for {event.value}")
+            with contextlib.suppress(*UNREACHABLE):
+                await self._ack(entry_id)
+            return
+        await self._send(entry_id, head.reply_to, refused_reply(head.id, event, exc))
+
     def _now(self) -> int:
         return self.coordinator.clock.now_ms()
 
-    def _sent(self, entry_id: bytes, request: DecisionRequest) -> int:
+    def _sent(self, entry_id: bytes, request: DecisionRequest | _Head) -> int:
         """When the request's ``timeout_ms`` starts: its ``ts``, unless that is further than the
         clock bound from when Redis took it (the entry id's milliseconds, on Redis's clock): an
         agent whose clock is off must not have its requests dropped (or kept) by that error."""
@@ -347,39 +387,6 @@ class CoordinatorService:
                 self.stats["agent_clock_skewed"],
             )
         return taken
-
-    async def _refuse(self, entry_id: bytes, data: bytes, exc: LimitError) -> None:
-        """A request whose context no hook could be shown (too large, too deep): decided at once
-        as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
-        whatever the hooks' policies, and recorded as a dead letter. A request whose event or
-        reply_to cannot be read is rejected as any other malformed one."""
-        # Reading the head of a message over the bounds walks all of it (up to ~0.2 s for a
-        # megabyte of small strings): off the event loop, so that other decisions go on.
-        head = await asyncio.to_thread(decode_head, data, _Head)
-        try:
-            event = HookEvent(head.event) if head is not None else None
-        except ValueError:
-            event = None
-        if head is None or event is None or not self.keys.is_inbox(head.reply_to):
-            await self._reject(entry_id, data, exc, head or _ReplyTo())
-            return
-        self.stats["refused"] += 1
-        _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
-        why = f"{event.value} refused: {exc}"
-        async with self._io:
-            await dead_letter(
-                self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
-            )
-        if head.ts and head.ts + head.timeout_ms < now_ms():
-            self.stats["expired"] += 1
-            with contextlib.suppress(*UNREACHABLE):
-                await self._ack(entry_id)
-            return
-        result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(exc))
-        reply = DecisionReply(
-            id=new_id(), ts=now_ms(), request_id=head.id, event=event, result=result
-        )
-        await self._send(entry_id, head.reply_to, reply)
 
     async def _reject(
         self,

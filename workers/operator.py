@@ -25,6 +25,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from bus import limits
 from bus.breakglass import BreakGlass, switch
 from bus.clock import redis_ms
 from bus.coordinator import AUDIT_MAXLEN
@@ -749,9 +750,10 @@ def render_dead_letter(letter: DeadLetter) -> RenderableType:
     for name, value in letter.fields.items():
         if name != "data":
             table.add_row(name, Text(value))
-    try:
+    try:  # a dead letter is often what no decoder could take: bounded before it is parsed
+        limits.check(letter.data.encode("utf-8", "surrogatepass"), "data")
         pretty = json.dumps(json.loads(letter.data), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return Group(table, Text("data:", style="bold"), Text(letter.data))
     return Group(table, Text("data (JSON):", style="bold"), Text(pretty))
 
