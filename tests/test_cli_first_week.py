@@ -3,6 +3,7 @@ command line, or a service, against a real redis-server, the way an operator wou
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import redis
 from bus.keys import Keys
 from bus.protocol import HookManifest, encode, now_ms
 from bus.settings import BusSettings
-from tests.harness import ROOT, until, worker_env
+from tests.harness import ROOT, until, wait_for, worker_env
+from tests.test_deploy import AclRedis
 from tests.test_operator_cli import env_for, hookbus, ok, table_rows
 from workers.redis_server import RedisServer
 
@@ -182,3 +184,143 @@ def test_a_refused_password_says_authentication_failed_and_stops(
 def test_the_right_password_still_works(locked_redis: RedisServer) -> None:
     url = locked_redis.url.replace("redis://", "redis://:right-password@")
     ok(hookbus(BusSettings(redis_url=url, prefix="auth"), "check"))
+
+
+# -- item 6: hooks remove, safe while replicas run (under the deploy's ACL users) ---------------
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
+    server = AclRedis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def acl_env(url: str) -> dict[str, str]:
+    settings = BusSettings(
+        redis_url=url, prefix="hookbus", heartbeat_secs=0.2, liveness_secs=1.0, claim_idle_secs=0.5
+    )
+    return worker_env(settings, COLUMNS="250", NO_COLOR="1", PYTHONIOENCODING="utf-8")
+
+
+def acl_hookbus(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        env={**acl_env(url), **env}, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+
+
+def acl_worker(url: str, target: str, log: Path) -> subprocess.Popen[str]:
+    with open(log, "a") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", target],
+            env=acl_env(url), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+
+async def test_hooks_remove_retires_a_fail_hook_while_its_replicas_run(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
+    from agent_adapter.client import HookClient
+    from workers.testing import context
+
+    admin, keys = acl_redis.admin, Keys("hookbus")
+    worker_url, operator = acl_redis.url("worker"), acl_redis.url("operator")
+    log = tmp_path / "workers.log"
+    target = "workers.demo_hooks:SecretGuard"
+    replicas = [acl_worker(worker_url, target, log) for _ in range(2)]
+    client = HookClient(
+        BusSettings(redis_url=acl_redis.url("agent"), prefix="hookbus", refresh_secs=0.2)
+    )
+    env_read = context("PreToolUse", tool_name="file_read", tool_args={"path": "app/.env"})
+    try:
+        until(
+            lambda: admin.zcount(keys.replicas("SecretGuard"), now_ms() - 1000, "+inf") == 2,
+            "two live SecretGuard replicas", explain=log.read_text,
+        )  # fmt: skip
+        await client.start()
+        assert (await client.run_pre_tool_use(env_read)).is_blocked
+        # One replica freezes: it will beat again after the removal (HSETNX + its check).
+        replicas[0].send_signal(signal.SIGSTOP)
+        # (Liveness 60 s for the operator: the frozen replica still counts as live.)
+        remove = ("hooks", "remove", "SecretGuard", "--wait", "1")
+        removed = acl_hookbus(operator, *remove, HOOKBUS_LIVENESS_SECS="60")
+        assert removed.returncode == 1, removed.stderr
+        assert "1 replica of SecretGuard still live" in removed.stderr
+        assert replicas[1].wait(TIMEOUT) == 0  # the running one saw the tombstone and stopped
+        replicas[0].send_signal(signal.SIGCONT)
+        assert replicas[0].wait(TIMEOUT) == 0  # so did the frozen one, once it woke up
+        # Neither heartbeat wrote the manifest back.
+        assert b'"retired":"SecretGuard"' in admin.hget(keys.hooks, "SecretGuard")
+        # No longer selected: not "unreachable", not blocking (the failure policy was "fail").
+        await wait_for(
+            lambda: "SecretGuard" not in client.directory.by_name, what="the directory to drop it"
+        )
+        result = await client.run_pre_tool_use(env_read)
+        assert not result.is_blocked and not result.skipped, result
+        listed = table_rows(ok(acl_hookbus(operator, "hooks", "list")))
+        assert listed["SecretGuard"][1] == "removed"
+        # A replica that starts now (a pod restarted) refuses to serve it.
+        late = acl_hookbus(worker_url, "worker", target)
+        assert late.returncode == 2 and "SecretGuard was removed by " in late.stderr
+        assert "hookbus hooks restore SecretGuard" in late.stderr
+        # Restored: a new replica registers and the hook blocks again.
+        ok(acl_hookbus(operator, "hooks", "restore", "SecretGuard"))
+        replicas.append(acl_worker(worker_url, target, log))
+        await wait_for(lambda: client.directory.live("SecretGuard"), what="the hook live again")
+        assert (await client.run_pre_tool_use(env_read)).is_blocked
+    finally:
+        await client.close()
+        for proc in replicas:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
+            stop(proc)
+    assert acl_redis.denied() == []  # the operator and the workers were allowed what they did
+    # ... and no more: the operator still may not delete the hooks hash or a request stream.
+    refused = acl_hookbus(operator, "hooks", "list")  # (a working command, for contrast)
+    assert refused.returncode == 0
+    import redis as redis_py
+
+    op = redis_py.Redis.from_url(operator)
+    try:
+        with pytest.raises(redis_py.exceptions.NoPermissionError):
+            op.delete(keys.hooks)
+        with pytest.raises(redis_py.exceptions.NoPermissionError):
+            op.xgroup_destroy(keys.requests("SecretGuard"), "workers")
+    finally:
+        op.close()
+
+
+def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
+    admin, keys = acl_redis.admin, Keys("hookbus")
+    log = tmp_path / "workers.log"
+
+    def groups() -> set[bytes]:
+        if not admin.exists(keys.events):
+            return set()
+        return {g["name"] for g in admin.xinfo_groups(keys.events)}
+
+    replica = acl_worker(acl_redis.url("worker"), "workers.demo_hooks:EventCounter", log)
+    try:
+        until(
+            lambda: b"EventCounter" in groups(),
+            "the EventCounter group", explain=log.read_text,
+        )  # fmt: skip
+        out = ok(acl_hookbus(acl_redis.url("operator"), "hooks", "remove", "EventCounter"))
+        assert f"its consumer group on {keys.events} is destroyed" in out
+        assert replica.wait(TIMEOUT) == 0
+        assert b"EventCounter" not in groups()
+    finally:
+        stop(replica)
+    assert acl_redis.denied() == []
+
+
+def test_hooks_remove_refuses_an_unknown_hook(bus_settings: BusSettings) -> None:
+    result = hookbus(bus_settings, "hooks", "remove", "NoSuchHook")
+    assert result.returncode == 2
+    assert "no hook named 'NoSuchHook' is registered" in result.stderr

@@ -49,11 +49,13 @@ from bus.protocol import (
     encode,
     new_id,
     now_ms,
+    retired_hook,
 )
 from bus.redis_io import (
     UNREACHABLE,
     Entry,
     connect,
+    current_manifest,
     dead_letter_entry,
     ensure_group,
     group_lost,
@@ -140,6 +142,7 @@ class AsyncHookWorker:
         for side in self.streams[1:]:
             await ensure_group(self.redis, side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
+        await current_manifest(self.redis, self.keys, self.group)  # refused if it was removed
         await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
         await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
@@ -400,6 +403,10 @@ class AsyncHookWorker:
         while not stop.is_set():
             try:
                 await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+                if retired_hook(await self.redis.hget(self.keys.hooks, self.group)):
+                    log.warning("hook %s was removed by an operator; stopping", self.group)
+                    stop.set()
+                    return
                 for stream in self.streams:
                     await self._claim(stream)
                 if time.monotonic() - last_trim > 10:

@@ -34,7 +34,15 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import UNREACHABLE, Entry, consume, dead_letter, ensure_group, keep_and_claim
+from bus.redis_io import (
+    UNREACHABLE,
+    Entry,
+    consume,
+    dead_letter,
+    ensure_group,
+    hand_over,
+    keep_and_claim,
+)
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.worker import REPLY_TTL_MS
@@ -65,6 +73,7 @@ class CoordinatorService:
         await self.coordinator.start()
         try:
             await self._ensure_group()
+            await self._beat()
             self.ready.set()
             log.info("coordinator %s answering %s", self.coordinator.id, self.keys.decisions)
             keeper = asyncio.create_task(self._keep_and_claim(stop))
@@ -75,6 +84,8 @@ class CoordinatorService:
         finally:
             if self._in_flight:
                 await asyncio.wait(list(self._in_flight.values()), timeout=30)
+            with contextlib.suppress(*UNREACHABLE):
+                await self._retire()
             await self.coordinator.close()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
@@ -106,12 +117,29 @@ class CoordinatorService:
         self._in_flight[entry_id] = task
         task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
 
-    async def _keep_and_claim(self, stop: asyncio.Event) -> None:
-        """Keep the requests being answered ours, and answer those a replica that died or froze
-        left unanswered (while their agent still waits: expired ones are dropped)."""
+    async def _beat(self) -> None:
+        """The heartbeat: ``hookbus coordinator --check`` counts replicas that beat lately."""
+        await self.redis.zadd(self.keys.coordinators, {self.coordinator.id: now_ms()})
+
+    async def _retire(self) -> None:
+        """Clean shutdown: no longer counted live; unanswered requests go to the live replicas
+        at once (not discarded, nor left waiting ``claim_idle_secs``)."""
+        await self.redis.zrem(self.keys.coordinators, self.coordinator.id)
         idle_ms = int(self.settings.claim_idle_secs * 1000)
+        stream, me = self.keys.decisions, self.coordinator.id
+        if left := await hand_over(self.redis, stream, COORDINATORS_GROUP, me, idle_ms):
+            log.warning("%d unanswered decision requests handed over to the other replicas", left)
+
+    async def _keep_and_claim(self, stop: asyncio.Event) -> None:
+        """Beat; keep the requests being answered ours, and answer those a replica that died or
+        froze left unanswered (while their agent still waits: expired ones are dropped)."""
+        idle_ms = int(self.settings.claim_idle_secs * 1000)
+        last_beat = asyncio.get_running_loop().time()
         while not stop.is_set():
             try:
+                if asyncio.get_running_loop().time() - last_beat >= self.settings.heartbeat_secs:
+                    await self._beat()
+                    last_beat = asyncio.get_running_loop().time()
                 for entry_id, fields in await keep_and_claim(
                     self.redis,
                     self.keys.decisions,
@@ -125,7 +153,9 @@ class CoordinatorService:
                     self._start(entry_id, fields)
             except UNREACHABLE as exc:
                 log.debug("claiming failed: %s", exc)
-            await asyncio.sleep(self.settings.claim_idle_secs / 3)
+            await asyncio.sleep(
+                min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
+            )
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
