@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from bus.actions import Block
+from bus.events import HookEvent
 from bus.keys import Keys
 from bus.protocol import HookManifest, encode, now_ms
 from bus.settings import BusSettings
@@ -324,3 +327,139 @@ def test_hooks_remove_refuses_an_unknown_hook(bus_settings: BusSettings) -> None
     result = hookbus(bus_settings, "hooks", "remove", "NoSuchHook")
     assert result.returncode == 2
     assert "no hook named 'NoSuchHook' is registered" in result.stderr
+
+
+# -- item 11: coordinators beat, and coordinator --check is true --------------------------------
+
+
+def check(settings: BusSettings, *args: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "coordinator", "--check", *args],
+        env=worker_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def test_coordinator_check_needs_a_live_coordinator_not_just_its_group(
+    bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
+) -> None:
+    keys = Keys(bus_settings.prefix)
+    # What a coordinator that has since died leaves behind: before the fix, this passed.
+    r.xgroup_create(keys.decisions, "coordinators", id="0", mkstream=True)
+    assert check(bus_settings) == (
+        1, f"hookbus: no coordinator has a heartbeat in {keys.coordinators}",
+    )  # fmt: skip
+    service = start(bus_settings, tmp_path, "coordinator")
+    try:
+        until(lambda: check(bus_settings)[0] == 0, "a live coordinator")
+        host = socket.gethostname()
+        assert check(bus_settings, "--here") == (
+            0, f"ok: coordinator: 1 live replica on {host} (of 1)",
+        )  # fmt: skip
+        # It stays live while idle (no request ever arrives): the heartbeat, not consumer activity.
+        [(member, first)] = r.zrange(keys.coordinators, 0, -1, withscores=True)
+        until(lambda: r.zscore(keys.coordinators, member) > first, "a second heartbeat")
+        assert check(bus_settings)[0] == 0
+    finally:
+        assert stop(service) == 0
+    # A clean stop leaves no live coordinator.
+    assert check(bus_settings) == (
+        1, f"hookbus: no coordinator has a heartbeat in {keys.coordinators}",
+    )  # fmt: skip
+    # One that died without a word: its last beat ages past liveness (1 s here).
+    r.zadd(keys.coordinators, {f"{host}-1-abcdef": now_ms() - 30_000})
+    code, line = check(bus_settings)
+    assert code == 1 and line.startswith("hookbus: no live coordinator: last heartbeat 3"), line
+
+
+# -- item 12: shutdown hands pending entries over ------------------------------------------------
+
+
+def deliver_to(r: redis.Redis, stream: str, group: str, consumer: str, data: bytes) -> bytes:
+    """XADD an entry and deliver it to ``consumer`` in one transaction, so that no live reader
+    can take it first: the entry is pending with a consumer that does not know about it, as
+    when a reply or an acknowledgement was lost."""
+    with r.pipeline(transaction=True) as pipe:
+        pipe.xadd(stream, {"data": data})
+        pipe.xreadgroup(group, consumer, {stream: ">"}, count=1)
+        entry_id, [[_, [(delivered, _)]]] = pipe.execute()
+    assert delivered == entry_id
+    return entry_id
+
+
+def test_a_stopping_hook_replica_hands_its_pending_requests_over(
+    bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
+) -> None:
+    import msgspec
+
+    from bus.protocol import HookReply, HookRequest, new_id, raw
+    from workers.testing import context
+
+    # Takeover of an idle entry only after 30 s: what is taken sooner was handed over.
+    settings = msgspec.structs.replace(bus_settings, claim_idle_secs=30.0)
+    keys = Keys(settings.prefix)
+    target = "workers.demo_hooks:SecretGuard"
+    leaving = start(settings, tmp_path, "worker", target)
+    staying = start(settings, tmp_path, "worker", target)
+    try:
+        until(
+            lambda: r.zcount(keys.replicas("SecretGuard"), now_ms() - 3000, "+inf") == 2,
+            "two live replicas",
+        )
+        ids = {
+            m.decode().rsplit("-", 2)[1]: m.decode()
+            for m in r.zrange(keys.replicas("SecretGuard"), 0, -1)
+        }
+        replica = ids[str(leaving.pid)]
+        ctx = context("PreToolUse", tool_name="file_read", tool_args={"path": ".env"})
+        request = HookRequest(
+            id=new_id(), ts=now_ms(), hook="SecretGuard", event=HookEvent.PRE_TOOL_USE,
+            session_id="s", context=raw(ctx), deadline=now_ms() + 60_000,
+            reply_to=keys.inbox("handover-test"),
+        )  # fmt: skip
+        deliver_to(r, keys.requests("SecretGuard"), "workers", replica, encode(request))
+        assert stop(leaving) == 0
+        popped = r.blpop([keys.inbox("handover-test")], timeout=20)
+        assert popped is not None, "the pending request was neither answered nor taken over"
+        reply = msgspec.json.decode(popped[1], type=HookReply)
+        assert reply.request_id == request.id and reply.replica != replica
+        assert isinstance(reply.action, Block)
+    finally:
+        stop(leaving)
+        stop(staying)
+
+
+def test_a_stopping_coordinator_hands_its_pending_decisions_over(
+    bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
+) -> None:
+    import msgspec
+
+    from bus.protocol import DecisionReply, DecisionRequest, new_id, raw
+    from workers.testing import context
+
+    settings = msgspec.structs.replace(bus_settings, claim_idle_secs=30.0)
+    keys = Keys(settings.prefix)
+    leaving = start(settings, tmp_path, "coordinator")
+    staying = start(settings, tmp_path, "coordinator")
+    try:
+        until(lambda: r.zcount(keys.coordinators, now_ms() - 3000, "+inf") == 2, "two coordinators")
+        by_pid = {
+            m.decode().rsplit("-", 2)[1]: m.decode() for m in r.zrange(keys.coordinators, 0, -1)
+        }
+        consumer = by_pid[str(leaving.pid)]
+        ctx = context("PreToolUse", tool_name="file_read", tool_args={"path": "notes.md"})
+        request = DecisionRequest(
+            id=new_id(), ts=now_ms(), event=HookEvent.PRE_TOOL_USE, context=raw(ctx),
+            reply_to=keys.inbox("handover-test"), timeout_ms=60_000,
+        )  # fmt: skip
+        deliver_to(r, keys.decisions, "coordinators", consumer, encode(request))
+        assert stop(leaving) == 0
+        popped = r.blpop([keys.inbox("handover-test")], timeout=20)
+        assert popped is not None, "the pending decision was neither answered nor taken over"
+        reply = msgspec.json.decode(popped[1], type=DecisionReply)
+        assert reply.request_id == request.id and reply.status == "ok", reply
+        # The replica that stopped holds nothing any more, and is gone from the heartbeats.
+        assert r.zscore(keys.coordinators, consumer) is None
+    finally:
+        stop(leaving)
+        stop(staying)
