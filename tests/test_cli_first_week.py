@@ -463,3 +463,25 @@ def test_a_stopping_coordinator_hands_its_pending_decisions_over(
     finally:
         stop(leaving)
         stop(staying)
+
+
+# -- item 10: a misspelled variable is said, not silently defaulted -------------------------------
+
+
+def test_an_unknown_hookbus_variable_is_warned_about_with_a_did_you_mean(
+    bus_settings: BusSettings,
+) -> None:
+    result = hookbus(bus_settings, "check", HOOKBUS_REDIS_URI="redis://elsewhere:6379/0")
+    assert result.returncode == 0, result.stderr  # it goes on, with HOOKBUS_REDIS_URL
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith("hookbus: warning: unknown environment variable HOOKBUS_REDIS_URI")
+    assert "(did you mean HOOKBUS_REDIS_URL?)" in warning
+    clean = hookbus(bus_settings, "check", HOOKBUS_TEST_ANYTHING="1")
+    assert clean.stderr == ""  # known variables, and the test suites' own, are not warned about
+
+
+def test_every_variable_hookbus_reads_is_documented() -> None:
+    from bus.settings import KNOWN_VARIABLES
+
+    protocol = (ROOT / "docs" / "protocol.md").read_text()
+    assert sorted(v for v in KNOWN_VARIABLES if f"`{v}`" not in protocol) == []

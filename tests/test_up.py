@@ -29,7 +29,7 @@ from tests.harness import ROOT, Processes, until, worker_env
 from workers.launcher import DEMO, STACK
 from workers.redis_server import free_port
 
-MARK = "HOOKBUS_UP_TEST_MARK"
+MARK = "HOOKBUS_TEST_UP_MARK"
 SERVICES = {
     "coordinator", "cancellation", "audit-log", "metrics", "secret-guard-1", "secret-guard-2",
 }  # fmt: skip
