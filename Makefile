@@ -30,14 +30,21 @@ redis-check:
 	@command -v redis-server >/dev/null 2>&1 || [ -n "$$REDIS_URL" ] || docker info >/dev/null 2>&1 || \
 	  { echo "make test needs a redis-server binary on PATH (Debian: apt install redis-server), REDIS_URL, or a Docker engine"; exit 1; }
 
-# The Node.js example client's npm packages (tests/test_foreign_clients.py runs the client):
-# installed when node_modules is missing or package-lock.json is newer.
+# The Node.js example client's npm packages (tests/test_foreign_clients.py runs the client), and
+# Claude Code's hook types with the schema generator (tests/test_claude_code_schemas.py):
+# installed when node_modules is missing or package-lock.json is newer. Claude Code's own binary
+# is an optional dependency of the SDK and is left out (--omit=optional): only its types are used.
 .PHONY: node-deps
-node-deps: examples/node/node_modules/.package-lock.json
+node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json
 
 examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for examples/node)"; exit 1; }
 	npm ci --prefix examples/node --no-audit --no-fund
+	@touch $@
+
+examples/claude-code/node_modules/.package-lock.json: examples/claude-code/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for examples/claude-code)"; exit 1; }
+	npm ci --prefix examples/claude-code --omit=optional --no-audit --no-fund
 	@touch $@
 
 bench: $(STAMP)

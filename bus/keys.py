@@ -10,7 +10,8 @@ key                                       type    holds
 ``{p}:hooks``                             hash    hook name → manifest (JSON)
 ``{p}:modes``                             hash    hook name → enforcement mode set by an operator
 ``{p}:hook:{name}:requests``              stream  requests for one sync hook; group ``workers``
-``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (epoch ms)
+``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (ms, Redis's clock)
+``{p}:hook:{name}:clocks``                hash    replica id → its clock minus Redis's (ms)
 ``{p}:inbox:{id}``                        list    replies for one coordinator or one client
 ``{p}:decisions``                         stream  decision requests for the coordinator service;
                                                   group ``coordinators``
@@ -20,6 +21,8 @@ key                                       type    holds
 ``{p}:dlq``                               stream  dead letters: malformed or undeliverable messages
 ``{p}:hook:{name}:replay``                stream  entries re-fed to one async hook (same group)
 ``{p}:hook:{name}:failures``              hash    entry id → last failure of an async hook (TTL)
+``{p}:hook:{name}:lost``                  hash    stream → entries the hard cap cut before the
+                                                  hook's group handled them (bus/retention.py)
 ``{p}:metrics:{name}``                    hash    figures collected by an async MetricsHook
 ========================================  ======  =================================================
 """
@@ -87,6 +90,10 @@ class Keys:
         """Replica id → last heartbeat (epoch ms); plus ``STOPPED_MEMBER`` (see there)."""
         return f"{self.prefix}:hook:{hook}:replicas"
 
+    def clocks(self, hook: str) -> str:
+        """Each replica's measured clock offset from Redis's (bus/clock.py), in ms."""
+        return f"{self.prefix}:hook:{hook}:clocks"
+
     def inbox(self, owner: str) -> str:
         return f"{self.prefix}:inbox:{owner}"
 
@@ -101,6 +108,10 @@ class Keys:
     def failures(self, hook: str) -> str:
         """Last failure reason per entry id of one async hook (for its dead letters)."""
         return f"{self.prefix}:hook:{hook}:failures"
+
+    def lost(self, hook: str) -> str:
+        """Per stream, how many entries the hard cap cut before the hook's group handled them."""
+        return f"{self.prefix}:hook:{hook}:lost"
 
     def metrics(self, hook: str) -> str:
         """Figures an async MetricsHook collected."""

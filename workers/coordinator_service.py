@@ -6,6 +6,8 @@ the list named in its ``reply_to``. Replicas of this service share the consumer 
 semantics) a Python agent embeds, and answered with a ``DecisionReply``. A request that breaks
 the protocol gets an error reply that names the field when its ``reply_to`` can be read, and
 goes to the dead-letter stream otherwise; the service never stops because of it.
+
+``decide()`` is that decision, shared with the HTTP gateway (``workers/gateway.py``).
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
 from redis.exceptions import RedisError
 
 from bus import telemetry
-from bus.coordinator import Coordinator
+from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
+from bus.coordinator import Coordinator, dispatch_source
 from bus.dispatch import deadline_cap
 from bus.errors import InvalidInputError, ProtocolError
+from bus.events import HookContext, HookEvent
 from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
     DATA_FIELD,
@@ -57,6 +63,89 @@ class _ReplyTo(msgspec.Struct):
     reply_to: str = ""
 
 
+class Asked(Protocol):
+    """What a decision needs of its request: a ``DecisionRequest`` read from ``{p}:decisions``,
+    or the same JSON posted to the HTTP gateway."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def ts(self) -> int: ...
+    @property
+    def event(self) -> HookEvent: ...
+    @property
+    def context(self) -> msgspec.Raw: ...
+    @property
+    def timeout_ms(self) -> int: ...
+    @property
+    def traceparent(self) -> str: ...
+    @property
+    def tracestate(self) -> str: ...
+
+
+R = TypeVar("R", bound=Asked)
+
+
+def read_request(data: bytes, kind: type[R]) -> tuple[R, HookContext]:
+    """Decode one decision request and its context; ``InvalidInputError`` naming the field."""
+    request = decode(data, kind)
+    ctx = decode_context(request.event, request.context)
+    check_context(request.event, ctx)
+    return request, ctx
+
+
+async def decide(
+    coordinator: Coordinator,
+    request: Asked,
+    ctx: HookContext,
+    *,
+    source: str = "",
+    sent_ms: int | None = None,
+    now: Callable[[], int] = now_ms,
+) -> DecisionReply | None:
+    """Dispatch one decision request with ``coordinator``: the reply to send back.
+
+    The one decision for agents that do not embed a coordinator, whichever way they ask (the
+    coordinator service over Redis, the HTTP gateway). ``None``: the request had expired
+    (``ts + timeout_ms``) before it could start; nothing was dispatched. Every hook of the
+    dispatch must answer within what the agent will wait, so that a slow hook is skipped under
+    its failure policy rather than failing the whole decision; only a dispatch still not done at
+    the expiry (an overloaded service) gets the error reply "no decision within timeout_ms".
+    ``source`` names who asked (the gateway's tenant) on the published event and audit records.
+    ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``.
+    """
+    start = request.ts if sent_ms is None else sent_ms
+    timeout = (start + request.timeout_ms - now()) / 1000
+    if timeout <= 0:
+        return None
+    cap = deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
+    asker = dispatch_source.set(source)
+    traced = None
+    if request.traceparent:  # the agent's trace continues through this dispatch
+        traced = otel_context.attach(
+            telemetry.context_from(request.traceparent, request.tracestate)
+        )
+    try:
+        result = await asyncio.wait_for(coordinator.run(request.event, ctx), timeout)
+        return DecisionReply(
+            id=new_id(), ts=now_ms(), request_id=request.id, event=request.event, result=result
+        )
+    except TimeoutError:
+        return DecisionReply(
+            id=new_id(),
+            ts=now_ms(),
+            request_id=request.id,
+            event=request.event,
+            status="error",
+            error=f"no decision within timeout_ms={request.timeout_ms}",
+        )
+    finally:
+        if traced is not None:
+            otel_context.detach(traced)
+        dispatch_source.reset(asker)
+        deadline_cap.reset(cap)
+
+
 class CoordinatorService:
     """One replica of the coordinator service."""
 
@@ -65,7 +154,16 @@ class CoordinatorService:
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
         self.settings = settings
-        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0, "expired": 0, "claimed": 0}
+        self.stats = {
+            "answered": 0,
+            "rejected": 0,
+            "dead_lettered": 0,
+            "expired": 0,
+            "claimed": 0,
+            "agent_clock_skewed": 0,
+        }
+        self.expired = ExpiredDrops(log, "decision requests")
+        self._skew_logged_at = -1e9
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self.ready = asyncio.Event()
 
@@ -87,6 +185,7 @@ class CoordinatorService:
             with contextlib.suppress(*UNREACHABLE):
                 await self._retire()
             await self.coordinator.close()
+            self.expired.flush()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
     async def _ensure_group(self) -> None:
@@ -119,7 +218,9 @@ class CoordinatorService:
 
     async def _beat(self) -> None:
         """The heartbeat: ``hookbus coordinator --check`` counts replicas that beat lately."""
-        await self.redis.zadd(self.keys.coordinators, {self.coordinator.id: now_ms()})
+        await self.redis.zadd(
+            self.keys.coordinators, {self.coordinator.id: self.coordinator.clock.now_ms()}
+        )
 
     async def _retire(self) -> None:
         """Clean shutdown: no longer counted live; unanswered requests go to the live replicas
@@ -153,6 +254,7 @@ class CoordinatorService:
                     self._start(entry_id, fields)
             except UNREACHABLE as exc:
                 log.debug("claiming failed: %s", exc)
+            self.expired.tick()
             await asyncio.sleep(
                 min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
             )
@@ -160,9 +262,7 @@ class CoordinatorService:
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
         try:
-            request = decode(data, DecisionRequest)
-            ctx = decode_context(request.event, request.context)
-            check_context(request.event, ctx)
+            request, ctx = read_request(data, DecisionRequest)
             if not self.keys.is_inbox(request.reply_to):
                 raise ProtocolError(
                     f"reply_to must be a key under {self.keys.prefix}:inbox:", "$.reply_to"
@@ -170,34 +270,45 @@ class CoordinatorService:
         except InvalidInputError as exc:
             await self._reject(entry_id, data, exc)
             return
-        timeout = (request.ts + request.timeout_ms - now_ms()) / 1000
-        if timeout <= 0:
+        sent = self._sent(entry_id, request)
+        reply = await decide(self.coordinator, request, ctx, sent_ms=sent, now=self._now)
+        if reply is None:
+            late = (self._now() - sent - request.timeout_ms) / 1000
             self.stats["expired"] += 1
-            log.info("decision request %s expired before it was read; dropped", request.id)
+            self.expired.drop(f"request {request.id} for {request.event}, {late:.3f} s late")
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
                 await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
             return
-        # Every hook of this dispatch must answer within what the agent will wait, so that a
-        # slow hook is skipped under its failure policy rather than failing the whole decision.
-        deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
-        if request.traceparent:  # the agent's trace continues through this dispatch
-            otel_context.attach(telemetry.context_from(request.traceparent, request.tracestate))
-        try:
-            result = await asyncio.wait_for(self.coordinator.run(request.event, ctx), timeout)
-            reply = DecisionReply(
-                id=new_id(), ts=now_ms(), request_id=request.id, event=request.event, result=result
-            )
-        except TimeoutError:
-            reply = DecisionReply(
-                id=new_id(),
-                ts=now_ms(),
-                request_id=request.id,
-                event=request.event,
-                status="error",
-                error=f"no decision within timeout_ms={request.timeout_ms}",
-            )
         await self._send(entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
+
+    def _now(self) -> int:
+        return self.coordinator.clock.now_ms()
+
+    def _sent(self, entry_id: bytes, request: DecisionRequest) -> int:
+        """When the request's ``timeout_ms`` starts: its ``ts``, unless that is further than the
+        clock bound from when Redis took it (the entry id's milliseconds, on Redis's clock): an
+        agent whose clock is off must not have its requests dropped (or kept) by that error."""
+        try:
+            taken = int(entry_id.split(b"-", 1)[0])
+        except ValueError:
+            return request.ts
+        off = request.ts - taken
+        if abs(off) <= MAX_SKEW_MS:
+            return request.ts
+        self.stats["agent_clock_skewed"] += 1
+        now = time.monotonic()
+        if now - self._skew_logged_at >= 60:
+            self._skew_logged_at = now
+            log.error(
+                "decision request %s has a ts %s Redis's clock (bound %g s): the agent's clock "
+                "is not in sync; its timeout_ms counts from when Redis took it (%d such so far)",
+                request.id,
+                describe(off),
+                MAX_SKEW_MS / 1000,
+                self.stats["agent_clock_skewed"],
+            )
+        return taken
 
     async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""

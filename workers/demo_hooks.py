@@ -39,10 +39,13 @@ SECRET = re.compile(r"(API_KEY=)\S+")
 
 
 class SecretGuard(AgentHook):
-    """Blocks reading or writing ``.env`` files."""
+    """Blocks reading or writing ``.env`` files: the reference runtime's ``file_*`` tools (argument
+    ``path``) and Claude Code's ``Read``, ``Write``, ``Edit`` and ``MultiEdit`` (``file_path``)."""
 
     subscribed_events = (HookEvent.PRE_TOOL_USE,)
-    match_filter = ToolMatchFilter.parse(["file_*"], ["path:.env"])
+    match_filter = ToolMatchFilter.parse(
+        ["file_*", "Read", "Write", "Edit", "MultiEdit"], ["path:.env", "file_path:.env"]
+    )
     failure_policy = "fail"
 
     async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
@@ -95,12 +98,13 @@ class LongOutputWarning(AgentHook):
 
 
 class ShellPolicy(AgentHook):
-    """Lets read-only shell commands through without asking a person."""
+    """Lets read-only shell commands through without asking a person (the reference runtime's
+    ``run_shell`` and Claude Code's ``Bash``)."""
 
     subscribed_events = (HookEvent.PERMISSION_REQUEST,)
 
     async def on_permission_request(self, ctx: PermissionRequestContext) -> PermissionRequestAction:
-        if ctx.tool_name != "run_shell":
+        if ctx.tool_name not in ("run_shell", "Bash"):
             return CONTINUE
         command = str(ctx.tool_args.get("command", ""))
         if command.split()[:1] in (["ls"], ["echo"]):

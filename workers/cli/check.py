@@ -134,7 +134,9 @@ def worker_check(args: argparse.Namespace) -> int:
     host = socket.gethostname() if args.here else None
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
-        return await hook_status(redis, keys, settings, name, host)
+        from workers.health import clock_checked  # and the clocks: workers/health.py
+
+        return await clock_checked(hook_status, redis, keys, settings, name, host)
 
     return run_check(args, probe)
 
