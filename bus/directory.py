@@ -22,7 +22,7 @@ from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
 from bus.keys import Keys
-from bus.protocol import BreakGlass, HookManifest, decode
+from bus.protocol import BreakGlass, HookManifest, decode, retired_hook
 
 log = logging.getLogger("hookbus.directory")
 
@@ -108,6 +108,8 @@ class HookDirectory:
         modes = {_text(k): _text(v) for k, v in overrides.items()}
         manifests: list[HookManifest] = []
         for name, data in raw.items():
+            if retired_hook(data) is not None:  # removed by an operator: not a hook any more
+                continue
             try:
                 manifest = decode(data, HookManifest)
                 if manifest.name != _text(name):

@@ -54,6 +54,7 @@ class Keys:
         "audit",
         "breakglass",
         "control",
+        "coordinators",
         "decisions",
         "dlq",
         "events",
@@ -79,6 +80,8 @@ class Keys:
         self.audit = f"{prefix}:audit"
         #: Present (with a TTL) while an operator's break-glass bypass is on.
         self.breakglass = f"{prefix}:breakglass"
+        #: Coordinator service replica id → last heartbeat (epoch ms), like a hook's replicas.
+        self.coordinators = f"{prefix}:coordinators"
 
     def requests(self, hook: str) -> str:
         return f"{self.prefix}:hook:{hook}:requests"

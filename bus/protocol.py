@@ -129,6 +129,31 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class RetiredHook(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``hookbus hooks remove`` leaves in ``{p}:hooks`` in place of a hook's manifest.
+
+    Deliberately not a ``HookManifest`` (it has no ``name``): every coordinator ignores it like
+    any malformed manifest, so the hook is no longer selected; and since the field stays
+    present, a running replica's heartbeat (``HSETNX``) cannot write the manifest back.
+    Replicas that see it stop; a replica that starts refuses to serve the hook until an
+    operator runs ``hookbus hooks restore``.
+    """
+
+    retired: str  # the hook's name
+    at: int  # epoch ms
+    by: str = ""
+
+
+def retired_hook(data: bytes | str | None) -> RetiredHook | None:
+    """The tombstone in ``data`` (a value of ``{p}:hooks``), or None if it is anything else."""
+    if not data:
+        return None
+    try:
+        return msgspec.json.decode(data, type=RetiredHook)
+    except msgspec.DecodeError:
+        return None
+
+
 class DecisionRequest(_Envelope, frozen=True, kw_only=True):
     """An agent (any language) asks the coordinator service to dispatch one event."""
 

@@ -50,6 +50,7 @@ from bus.redis_io import (
     consume,
     dead_letter,
     ensure_group,
+    hand_over,
     keep_and_claim,
 )
 from bus.runner import check_context
@@ -208,6 +209,7 @@ class CoordinatorService:
         await self.coordinator.start()
         try:
             await self._ensure_group()
+            await self._beat()
             self.ready.set()
             log.info("coordinator %s answering %s", self.coordinator.id, self.keys.decisions)
             keeper = asyncio.create_task(self._keep_and_claim(stop))
@@ -218,6 +220,8 @@ class CoordinatorService:
         finally:
             if self._in_flight:
                 await asyncio.wait(list(self._in_flight.values()), timeout=30)
+            with contextlib.suppress(*UNREACHABLE):
+                await self._retire()
             await self.coordinator.close()
             self.expired.flush()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
@@ -250,12 +254,31 @@ class CoordinatorService:
         self._in_flight[entry_id] = task
         task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
 
-    async def _keep_and_claim(self, stop: asyncio.Event) -> None:
-        """Keep the requests being answered ours, and answer those a replica that died or froze
-        left unanswered (while their agent still waits: expired ones are dropped)."""
+    async def _beat(self) -> None:
+        """The heartbeat: ``hookbus coordinator --check`` counts replicas that beat lately."""
+        await self.redis.zadd(
+            self.keys.coordinators, {self.coordinator.id: self.coordinator.clock.now_ms()}
+        )
+
+    async def _retire(self) -> None:
+        """Clean shutdown: no longer counted live; unanswered requests go to the live replicas
+        at once (not discarded, nor left waiting ``claim_idle_secs``)."""
+        await self.redis.zrem(self.keys.coordinators, self.coordinator.id)
         idle_ms = int(self.settings.claim_idle_secs * 1000)
+        stream, me = self.keys.decisions, self.coordinator.id
+        if left := await hand_over(self.redis, stream, COORDINATORS_GROUP, me, idle_ms):
+            log.warning("%d unanswered decision requests handed over to the other replicas", left)
+
+    async def _keep_and_claim(self, stop: asyncio.Event) -> None:
+        """Beat; keep the requests being answered ours, and answer those a replica that died or
+        froze left unanswered (while their agent still waits: expired ones are dropped)."""
+        idle_ms = int(self.settings.claim_idle_secs * 1000)
+        last_beat = asyncio.get_running_loop().time()
         while not stop.is_set():
             try:
+                if asyncio.get_running_loop().time() - last_beat >= self.settings.heartbeat_secs:
+                    await self._beat()
+                    last_beat = asyncio.get_running_loop().time()
                 for entry_id, fields in await keep_and_claim(
                     self.redis,
                     self.keys.decisions,
@@ -273,7 +296,9 @@ class CoordinatorService:
             except Exception:  # claiming outlives anything
                 _failures.error("claim pass failed", exc_info=True)
             self.expired.tick()
-            await asyncio.sleep(self.settings.claim_idle_secs / 3)
+            await asyncio.sleep(
+                min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
+            )
 
     async def _answer_safely(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         """``_answer``; anything it raises besides Redis being away makes the request a dead
