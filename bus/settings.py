@@ -102,6 +102,10 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_REQUESTS_MAXLEN",
         "HOOKBUS_SESSION_TTL_SECS",
         "HOOKBUS_REFRESH_SECS",
+        "HOOKBUS_PARTITIONS",
+        "HOOKBUS_DURABLE_REPLICAS",
+        "HOOKBUS_DURABLE_WAIT_MS",
+        "HOOKBUS_AUDIT_MAXLEN",
         "HOOKBUS_ASYNC_TIMEOUT_SECS",
         "HOOKBUS_TRUNCATE_CHARS",
         "HOOKBUS_MAX_OUTPUT_CHARS",
@@ -110,6 +114,12 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_ACL_TEMPLATE",
         "HOOKBUS_ACL_FILE",
         *(f"HOOKBUS_{role}_PASSWORD" for role in ("COORDINATOR", "WORKER", "AGENT", "OPERATOR")),
+        # workers/command_hook.py: a Claude Code command hook served as a HookBus hook
+        *(f"HOOKBUS_COMMAND{part}" for part in ("", "_CWD", "_EVENTS", "_FAILURE_POLICY")),
+        *(f"HOOKBUS_COMMAND{part}" for part in ("_MATCHER", "_NAME", "_TIMEOUT")),
+        # workers/gateway.py and its Claude Code command bridge
+        *(f"HOOKBUS_GATEWAY_{part}" for part in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS")),
+        "HOOKBUS_GATEWAY_URL",
     }
 )
 #: Left alone: names a test suite may use for itself.

@@ -312,9 +312,9 @@ def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
     log = tmp_path / "workers.log"
 
     def groups() -> set[bytes]:
-        if not admin.exists(keys.events):
+        if not admin.exists(keys.event_partitions[0]):
             return set()
-        return {g["name"] for g in admin.xinfo_groups(keys.events)}
+        return {g["name"] for g in admin.xinfo_groups(keys.event_partitions[0])}
 
     replica = acl_worker(acl_redis.url("worker"), "workers.demo_hooks:EventCounter", log)
     try:
@@ -323,7 +323,7 @@ def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
             "the EventCounter group", explain=log.read_text,
         )  # fmt: skip
         out = ok(acl_hookbus(acl_redis.url("operator"), "hooks", "remove", "EventCounter"))
-        assert f"its consumer group on {keys.events} is destroyed" in out
+        assert "its consumer group on the events stream is destroyed" in out
         assert replica.wait(TIMEOUT) == 0
         assert b"EventCounter" not in groups()
     finally:
@@ -353,7 +353,7 @@ def test_coordinator_check_needs_a_live_coordinator_not_just_its_group(
 ) -> None:
     keys = Keys(bus_settings.prefix)
     # What a coordinator that has since died leaves behind: before the fix, this passed.
-    r.xgroup_create(keys.decisions, "coordinators", id="0", mkstream=True)
+    r.xgroup_create(keys.decision_partitions[0], "coordinators", id="0", mkstream=True)
     assert check(bus_settings) == (
         1, f"hookbus: no coordinator has a heartbeat in {keys.coordinators}",
     )  # fmt: skip
@@ -460,7 +460,7 @@ def test_a_stopping_coordinator_hands_its_pending_decisions_over(
             id=new_id(), ts=now_ms(), event=HookEvent.PRE_TOOL_USE, context=raw(ctx),
             reply_to=keys.inbox("handover-test"), timeout_ms=60_000,
         )  # fmt: skip
-        deliver_to(r, keys.decisions, "coordinators", consumer, encode(request))
+        deliver_to(r, keys.decision_partitions[0], "coordinators", consumer, encode(request))
         assert stop(leaving) == 0
         popped = r.blpop([keys.inbox("handover-test")], timeout=20)
         assert popped is not None, "the pending decision was neither answered nor taken over"
@@ -489,7 +489,15 @@ def test_an_unknown_hookbus_variable_is_warned_about_with_a_did_you_mean(
 
 
 def test_every_variable_hookbus_reads_is_documented() -> None:
+    import re
+
     from bus.settings import KNOWN_VARIABLES
 
-    protocol = (ROOT / "docs" / "protocol.md").read_text()
-    assert sorted(v for v in KNOWN_VARIABLES if f"`{v}`" not in protocol) == []
+    docs = "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    assert sorted(v for v in KNOWN_VARIABLES if f"`{v}`" not in docs) == []
+    # and every HOOKBUS_* name the code reads is known (else it would be warned about)
+    read = set()
+    for package in ("bus", "workers", "agent_adapter"):
+        for path in (ROOT / package).rglob("*.py"):
+            read |= set(re.findall(r'"(HOOKBUS_[A-Z_]*[A-Z])"', path.read_text()))
+    assert sorted(read - KNOWN_VARIABLES - {"HOOKBUS_REDIS_URI"}) == []

@@ -28,10 +28,14 @@ import pytest
 import yaml
 
 from bus.hooks import spec_of
+from bus.keys import Keys
 from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
 from workers.redis_server import free_port, stop_process
 from workers.worker import load_hook
+
+K = Keys("hookbus")  # the deploy uses the default prefix
+EVENTS, DECISIONS = K.event_partitions[0], K.decision_partitions[0]
 
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
@@ -171,7 +175,7 @@ def test_the_scaled_objects_follow_the_async_hooks_groups() -> None:
         hook = spec_of(load_hook(args["containers"][0]["args"][1])).name
         (trigger,) = s["spec"]["triggers"]
         assert trigger["type"] == "redis-streams"
-        assert trigger["metadata"]["stream"] == "hookbus:events"
+        assert trigger["metadata"]["stream"] == EVENTS
         assert trigger["metadata"]["consumerGroup"] == hook
         assert int(trigger["metadata"]["lagCount"]) > 0
 
@@ -382,7 +386,7 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
 
         assert shell_decision() == "Block"
         # A request nobody can answer: the coordinator dead-letters it.
-        acl_redis.admin.xadd("hookbus:decisions", {"data": "not json"})
+        acl_redis.admin.xadd(DECISIONS, {"data": "not json"})
         until(lambda: acl_redis.admin.xlen("hookbus:dlq"), "a dead letter", 20, acl_redis.denied)
 
         # The operator's commands.
@@ -463,36 +467,36 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
             client.close()
 
     noperm = redis.exceptions.NoPermissionError
-    acl_redis.admin.xadd("hookbus:events", {"data": "x"})
+    acl_redis.admin.xadd(EVENTS, {"data": "x"})
     assert refused(None, "PING") is redis.exceptions.AuthenticationError  # nothing anonymous
-    assert refused("worker", "XADD", "hookbus:events", "*", "data", "forged") is noperm
-    assert refused("worker", "DEL", "hookbus:events") is noperm
-    assert refused("worker", "SET", "hookbus:cancelled:s1", "1") is noperm
-    assert refused("agent", "DEL", "hookbus:events") is noperm
-    read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", "hookbus:events", ">")
+    assert refused("worker", "XADD", EVENTS, "*", "data", "forged") is noperm
+    assert refused("worker", "DEL", EVENTS) is noperm
+    assert refused("worker", "SADD", "hookbus:cancelled:s1", "w") is noperm
+    assert refused("agent", "DEL", EVENTS) is noperm
+    read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", EVENTS, ">")
     assert refused("agent", *read) is noperm
-    assert refused("agent", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
+    assert refused("agent", "SET", K.manifest("Fake"), "{}") is noperm
     # An agent can neither read what is asked of a hook nor answer in a hook's place.
-    acl_redis.admin.xadd("hookbus:hook:Guard:requests", {"data": "{}"})
-    requests = "hookbus:hook:Guard:requests"
+    acl_redis.admin.xadd(K.requests("Guard"), {"data": "{}"})
+    requests = K.requests("Guard")
     assert refused("agent", "XRANGE", requests, "-", "+") is noperm
     read = ("XREADGROUP", "GROUP", "workers", "a", "STREAMS", requests, ">")
     assert refused("agent", *read) is noperm
     assert refused("agent", "XREAD", "STREAMS", requests, "0") is noperm
     assert refused("agent", "RPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
     assert refused("agent", "LPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
-    assert refused("agent", "HSET", "hookbus:hooks", "Guard", "{}") is noperm
+    assert refused("agent", "SET", K.manifest("Guard"), "{}") is noperm
     assert refused("agent", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
     # Nor can a hook change how hooks are applied (modes) or forge decisions or cancellations.
     assert refused("worker", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
-    assert refused("worker", "XADD", "hookbus:decisions", "*", "data", "forged") is noperm
+    assert refused("worker", "XADD", DECISIONS, "*", "data", "forged") is noperm
     for role in ("agent", "worker", "coordinator"):  # only an operator may break the glass
         assert refused(role, "SET", "hookbus:breakglass", "{}") is noperm
         assert refused(role, "DEL", "hookbus:breakglass") is noperm
-    assert refused("coordinator", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
-    assert refused("coordinator", "DEL", "hookbus:events") is noperm
+    assert refused("coordinator", "SET", K.manifest("Fake"), "{}") is noperm
+    assert refused("coordinator", "DEL", EVENTS) is noperm
     assert refused("operator", "DEL", "hookbus:hooks") is noperm
-    assert refused("operator", "XADD", "hookbus:events", "*", "data", "forged") is noperm
+    assert refused("operator", "XADD", EVENTS, "*", "data", "forged") is noperm
     for role in PASSWORDS:
         assert refused(role, "GET", "elsewhere:key") is noperm
         assert refused(role, "FLUSHALL") is noperm
