@@ -238,7 +238,7 @@ async def run_distributed(
         print(f"starting {len(HOOK_SERVICES)} hook services, one process each ...", file=out)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "bus.cli", "worker", target],
+            [sys.executable, "-m", "workers.cli", "worker", target],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(workdir / f"worker-{i}.log").open("wb"),

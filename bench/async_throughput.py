@@ -179,7 +179,7 @@ def hookbus_scenario(
 ) -> Scenario:
     names = (hooks[0].name, hooks[1].name)
     commands = [
-        (f"{key}-{cls.__name__}", "bus.cli", ["worker", f"{MODULE}:{cls.__name__}"],
+        (f"{key}-{cls.__name__}", "workers.cli", ["worker", f"{MODULE}:{cls.__name__}"],
          hookbus_env(url, prefix))
         for cls in hooks
     ]  # fmt: skip

@@ -226,7 +226,7 @@ async def run(plan: Plan, url: str, children: Children) -> dict[str, Any]:
         env = hookbus_env(url, f"bench-cmd{n}")
         for hook in NOOPS[:n]:
             children.start(
-                f"cmd{n}-{hook.name}", "bus.cli", ["worker", f"{MODULE}:{hook.__name__}"], env
+                f"cmd{n}-{hook.name}", "workers.cli", ["worker", f"{MODULE}:{hook.__name__}"], env
             )
     progress(f"started {sum(HOOK_COUNTS)} hookbus worker(s); checking the command hooks")
     for variant in ("python", "shell"):

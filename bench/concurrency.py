@@ -307,7 +307,7 @@ async def run(plans: dict[str, Plan], url: str, children: Children) -> dict[str,
     redis = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=CALL_TIMEOUT * 2)
     hook = NOOPS[0]
     children.start(
-        f"hb-{hook.name}", "bus.cli", ["worker", f"{MODULE}:{hook.__name__}"],
+        f"hb-{hook.name}", "workers.cli", ["worker", f"{MODULE}:{hook.__name__}"],
         hookbus_env(url, HB_PREFIX),
     )  # fmt: skip
     children.start(

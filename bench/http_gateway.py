@@ -222,7 +222,7 @@ async def run(plan: Plan, url: str, children: Children, logdir: Path) -> dict[st
     tokens = logdir / "tokens"
     tokens.write_text(f"bench:{digest(TOKEN)}\n")
     gateway_port, floor_port = free_port(), free_port()
-    children.start("worker", "bus.cli", ["worker", f"{MODULE}:{hook.__name__}"], env)
+    children.start("worker", "workers.cli", ["worker", f"{MODULE}:{hook.__name__}"], env)
     redis = Redis.from_url(url)
     try:
 
@@ -230,9 +230,9 @@ async def run(plan: Plan, url: str, children: Children, logdir: Path) -> dict[st
             return bool(await redis.zcard(f"{PREFIX}:hook:{hook.name}:replicas"))
 
         await wait_until(hook_live, children, "the hook service")
-        children.start("coordinator", "bus.cli", ["coordinator"], env)
+        children.start("coordinator", "workers.cli", ["coordinator"], env)
         children.start(
-            "gateway", "bus.cli",
+            "gateway", "workers.cli",
             ["gateway", "--tokens", str(tokens), "--port", str(gateway_port)], env,
         )  # fmt: skip
         children.start("floor", "bench.http_floor", [str(floor_port)], env)

@@ -395,7 +395,7 @@ class Scenario:
         env = hookbus_env(self.url, self.hb_prefix)
         for hook in self.hooks:
             target = f"{MODULE}:{hook.__name__}"
-            self._spawn(f"hb{self.n}-{hook.name}", "bus.cli", ["worker", target], env)
+            self._spawn(f"hb{self.n}-{hook.name}", "workers.cli", ["worker", target], env)
         for name in self.names:
             self._spawn(
                 f"floor{self.n}-{name}",
@@ -493,7 +493,7 @@ class Scenario:
     async def service_topology(self, plan: Plan) -> dict[str, Any]:
         hb_label = f"hb{self.n}-coordinator"
         floor_label = f"floor{self.n}-service"
-        self._spawn(hb_label, "bus.cli", ["coordinator"], hookbus_env(self.url, self.hb_prefix))
+        self._spawn(hb_label, "workers.cli", ["coordinator"], hookbus_env(self.url, self.hb_prefix))
         self._spawn(
             floor_label,
             "bench.floor_worker",

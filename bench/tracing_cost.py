@@ -72,7 +72,7 @@ def _run_side(on: bool, redis_url: str, endpoint: str, samples: int) -> dict[str
     if on:
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "bus.cli", "worker", "bench.sync_dispatch:Noop1"],
+        [sys.executable, "-m", "workers.cli", "worker", "bench.sync_dispatch:Noop1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

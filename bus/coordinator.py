@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from bus import breakglass, telemetry
 from bus.actions import ShadowedAnswer
 from bus.aggregation import Outcome
+from bus.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, ProtocolError
@@ -37,7 +38,6 @@ from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
-    DATA_FIELD,
     MAX_MESSAGE_BYTES,
     AuditRecord,
     ControlMessage,
@@ -50,16 +50,16 @@ from bus.protocol import (
     now_ms,
     raw,
 )
-from bus.redis_io import connect
+from bus.redis_io import connect, xadd_batch
 from bus.registry import local_target
-from bus.retention import HARD_CAP_FACTOR
+from bus.retention import hard_cap
 from bus.runner import EventRunner
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
-#: Approximate length the audit trail ``{p}:audit`` is capped at (the audit log keeps it all).
-AUDIT_MAXLEN = 100_000
+#: The audit trail's hard cap at the default ``audit_maxlen`` (the audit log keeps it all).
+AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
 REQUEUE_LIMIT = 10_000
 #: The longest a dispatch waits to learn a new session's own hooks.
@@ -99,15 +99,20 @@ class Coordinator(EventRunner):
         self.source = source or self.id
         self.inbox = self.keys.inbox(self.id)
         self.redis = connect(settings)
+        #: Redis's clock, as this process estimates it: deadlines and liveness are on it.
+        self.clock = RedisClock(f"coordinator {self.id}")
         self.directory = HookDirectory(
-            self.redis, self.keys, settings.liveness_secs, self._endpoint
+            self.redis, self.keys, settings.liveness_secs, self._endpoint, self.clock
         )
         self.stats = {
             "malformed_replies": 0,
             "late_replies": 0,
             "publish_failures": 0,
             "oversized_events": 0,
+            "skewed_calls": 0,
         }
+        #: Calls, per hook, dispatched while every live replica of the hook was skewed.
+        self.skewed_calls: dict[str, int] = {}
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
@@ -125,6 +130,7 @@ class Coordinator(EventRunner):
     async def start(self) -> Coordinator:
         """Read the hook directory and start the inbox reader and the refresher."""
         try:
+            await self.clock.measure(self.redis, START_SAMPLES)
             await self.directory.refresh()
         except RedisError as exc:
             log.warning("Redis unreachable at start (%s); will keep trying", exc)
@@ -169,7 +175,9 @@ class Coordinator(EventRunner):
         if self._local[event]:
             candidates = sorted([*self._local[event], *candidates], key=lambda t: t.order)
         targets = select(event, candidates, session, name, args)
-        applied, reason, softened = breakglass.apply(self.directory.breakglass, targets, now_ms())
+        applied, reason, softened = breakglass.apply(
+            self.directory.breakglass, targets, self.clock.now_ms()
+        )
         outcomes = await run_targets(
             event,
             ctx,
@@ -179,8 +187,28 @@ class Coordinator(EventRunner):
             after_start=self._flush,
             started=started,
         )
+        if self.directory.skewed:
+            outcomes = self._name_skewed(outcomes)
         self._note_held_back(event, ctx, outcomes, reason, softened)
         return outcomes
+
+    def _name_skewed(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Count calls to hooks whose live replicas are all skewed, and report such a hook's
+        missing answer as skewed, not as a timeout (its clock, not its speed, is suspect)."""
+        named = []
+        for o in outcomes:
+            offset = self.directory.skewed.get(o.spec.name)
+            if offset is not None:
+                self.stats["skewed_calls"] += 1
+                self.skewed_calls[o.spec.name] = self.skewed_calls.get(o.spec.name, 0) + 1
+                if o.failure == "timeout":
+                    detail = (
+                        f"skewed: every live replica's clock is beyond the {MAX_SKEW_MS / 1000:g}"
+                        f" s bound (nearest: {describe(offset)} Redis's); {o.detail}"
+                    )
+                    o = msgspec.structs.replace(o, failure="error", detail=detail)
+            named.append(o)
+        return named
 
     def held_back(
         self, event: HookEvent, ctx: HookContext, answers: Sequence[tuple[ShadowedAnswer, str]]
@@ -202,7 +230,7 @@ class Coordinator(EventRunner):
                 by=dispatch_source.get() or self.source,
                 breakglass=reason,
             )
-            self._enqueue(self.keys.audit, encode(record), AUDIT_MAXLEN, None)
+            self._enqueue(self.keys.audit, encode(record), hard_cap(self.bus.audit_maxlen), None)
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
@@ -226,7 +254,7 @@ class Coordinator(EventRunner):
             self.stats["oversized_events"] += 1
             log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
             return
-        self._enqueue(self.keys.events, payload, HARD_CAP_FACTOR * self.bus.events_maxlen, None)
+        self._enqueue(self.keys.events, payload, hard_cap(self.bus.events_maxlen), None)
 
     # -- hooks in this process, beside the services -------------------------------------------
 
@@ -319,7 +347,7 @@ class Coordinator(EventRunner):
             event=event,
             session_id=session_of(ctx),
             context=encoded if published is ctx and encoded is not None else raw(ctx),
-            deadline=now_ms() + int((deadline - loop.time()) * 1000),
+            deadline=self.clock.now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
             event_id=event_id if published is ctx else "",
             traceparent=traceparent,
@@ -390,13 +418,12 @@ class Coordinator(EventRunner):
         self._outbox[:0] = kept
 
     async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for stream, payload, maxlen, _ in batch:
-                    pipe.xadd(stream, {DATA_FIELD: payload}, maxlen=maxlen, approximate=True)
-                results = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            results = [exc] * len(batch)
+        results = await xadd_batch(
+            self.redis,
+            [(stream, payload, maxlen) for stream, payload, maxlen, _ in batch],
+            replicas=self.bus.durable_replicas,
+            wait_ms=self.bus.durable_wait_ms,
+        )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
                 continue
@@ -455,6 +482,7 @@ class Coordinator(EventRunner):
             if self._closed:
                 return
             try:
+                await self.clock.measure(self.redis)
                 await self.directory.refresh()
             except (RedisError, OSError) as exc:
                 log.debug("directory refresh failed: %s", exc)

@@ -2,7 +2,9 @@
 
 Refreshed every ``refresh_secs`` from ``{p}:hooks`` and each hook's replica set, and at once
 when a ``{p}:control`` announcement arrives. A hook whose manifest is malformed is left out,
-logged and counted — it never breaks the view of the others.
+logged and counted — it never breaks the view of the others. Liveness is judged on Redis's
+clock (bus/clock.py); a hook whose live replicas all report a clock offset beyond the bound is
+listed in ``skewed``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from dataclasses import dataclass, field
 import msgspec
 from redis.asyncio import Redis
 
+from bus.clock import RedisClock, describe, is_skewed
 from bus.dispatch import Endpoint
 from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
 from bus.keys import Keys
-from bus.protocol import BreakGlass, HookManifest, decode, now_ms
+from bus.protocol import BreakGlass, HookManifest, decode
 
 log = logging.getLogger("hookbus.directory")
 
@@ -39,6 +42,20 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _all_skewed(live: list[bytes], clocks: dict[bytes, bytes]) -> int | None:
+    """If every live replica reported an offset beyond the bound: the one nearest to 0.
+    A replica that reported none (a client in another language) is not counted as skewed."""
+    offsets = []
+    for member in live:
+        try:
+            offsets.append(int(clocks[member]))
+        except (KeyError, ValueError):
+            return None
+    if not offsets or not all(is_skewed(o) for o in offsets):
+        return None
+    return min(offsets, key=abs)
+
+
 class HookDirectory:
     """Manifests and replica counts of every registered hook, indexed by event."""
 
@@ -48,8 +65,10 @@ class HookDirectory:
         keys: Keys,
         liveness_secs: float,
         endpoint_for: Callable[[str], Endpoint],
+        clock: RedisClock | None = None,
     ) -> None:
         self._redis = redis
+        self.clock = clock or RedisClock()
         self._keys = keys
         self._liveness_ms = int(liveness_secs * 1000)
         self._endpoint_for = endpoint_for
@@ -58,6 +77,9 @@ class HookDirectory:
         self.async_hooks: dict[str, HookManifest] = {}
         self.malformed = 0
         self.breakglass: BreakGlass | None = None
+        #: Hooks whose live replicas all report a clock beyond the bound → the offset (ms) of
+        #: the one nearest to Redis's.
+        self.skewed: dict[str, int] = {}
 
     def _read_breakglass(self, data: bytes | None) -> BreakGlass | None:
         if data is None:
@@ -99,12 +121,33 @@ class HookDirectory:
                 log.warning("ignoring malformed manifest for hook %r: %s", name, exc)
                 continue
             manifests.append(manifest)
-        live_since = now_ms() - self._liveness_ms
+        live_since = self.clock.now_ms() - self._liveness_ms
         async with self._redis.pipeline(transaction=False) as pipe:
             for m in manifests:
-                pipe.zcount(self._keys.replicas(m.name), live_since, "+inf")
-            counts = await pipe.execute()
+                pipe.zrange(self._keys.replicas(m.name), live_since, "+inf", byscore=True)
+                pipe.hgetall(self._keys.clocks(m.name))
+            replies = await pipe.execute()
+        counts, skewed = [], {}
+        for m, live, clocks in zip(manifests, replies[::2], replies[1::2], strict=True):
+            counts.append(len(live))
+            offset = _all_skewed(live, clocks)
+            if offset is not None:
+                skewed[m.name] = offset
+        self._note_skew(skewed)
         self._rebuild(manifests, counts)
+
+    def _note_skew(self, skewed: dict[str, int]) -> None:
+        for name, offset in skewed.items():
+            if name not in self.skewed:
+                log.error(
+                    "hook %s is skewed: every live replica's clock is beyond the bound, the "
+                    "nearest %s Redis's; its failures are reported as skewed",
+                    name,
+                    describe(offset),
+                )
+        for name in self.skewed.keys() - skewed.keys():
+            log.warning("hook %s is no longer skewed", name)
+        self.skewed = skewed
 
     def _rebuild(self, manifests: list[HookManifest], counts: list[int]) -> None:
         by_name: dict[str, RemoteTarget] = {}

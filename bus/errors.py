@@ -9,6 +9,7 @@
     │   ├── ContextTypeError        a context of the wrong type for the event (also a TypeError)
     │   └── ProtocolError           a wire message that does not fit the protocol (names the field)
     ├── ConfigError                 a setting that cannot be used (bad env var, bad hook class)
+    │   └── RedisAuthError          Redis refused the credentials (permanent: services stop)
     ├── TransportError              Redis could not be reached or answered with an error
     └── HookFailure                 one hook call that did not answer
         ├── HookTimeout             it ran past its timeout
@@ -61,6 +62,13 @@ class ProtocolError(InvalidInputError):
 
 class ConfigError(HookBusError):
     """A setting or hook declaration that cannot be used."""
+
+
+class RedisAuthError(ConfigError):
+    """Redis refused the connection's credentials (missing or wrong password, unknown or
+    disabled user). Permanent: retrying cannot help, so a service stops (exit status 2) instead
+    of retrying. Deliberately not a ``redis.exceptions.RedisError``: every retry loop, which
+    catches those, lets it through (bus/redis_io.py raises it, in one place)."""
 
 
 class TransportError(HookBusError):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 import msgspec
 
@@ -44,9 +44,6 @@ from bus.events import (
     SubagentStopContext,
 )
 from bus.matcher import MATCH_ALL, ToolMatchFilter
-
-if TYPE_CHECKING:  # the wire type; bus.protocol itself imports this module
-    from bus.protocol import AuditRecord
 
 FailurePolicy = Literal["ignore", "fail"]
 #: How a hook's answers are applied: ``enforce`` (as given), ``warn`` (a Block or Deny becomes
@@ -200,8 +197,10 @@ class AsyncAgentHook(_HookBase):
     #: break-glass switches. Same delivery as events: at least once, retried, dead-lettered.
     follows_audit_trail: ClassVar[bool] = False
 
-    async def on_audit(self, records: Sequence[AuditRecord]) -> None:
-        """Handle audit records (only called when ``follows_audit_trail``)."""
+    async def on_audit(self, records: Sequence[Any]) -> None:
+        """Handle audit records (only called when ``follows_audit_trail``): each is a
+        ``bus.protocol.AuditRecord``. Typed ``Any`` here because the semantic core does not
+        import the wire layer (tests/test_purity.py); an override may narrow it."""
         raise NotImplementedError
 
     async def on_session_start_async(self, ctx: SessionStartContext) -> None: ...

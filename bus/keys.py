@@ -10,7 +10,8 @@ key                                       type    holds
 ``{p}:hooks``                             hash    hook name → manifest (JSON)
 ``{p}:modes``                             hash    hook name → enforcement mode set by an operator
 ``{p}:hook:{name}:requests``              stream  requests for one sync hook; group ``workers``
-``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (epoch ms)
+``{p}:hook:{name}:replicas``              zset    replica id → last heartbeat (ms, Redis's clock)
+``{p}:hook:{name}:clocks``                hash    replica id → its clock minus Redis's (ms)
 ``{p}:inbox:{id}``                        list    replies for one coordinator or one client
 ``{p}:decisions``                         stream  decision requests for the coordinator service;
                                                   group ``coordinators``
@@ -20,6 +21,8 @@ key                                       type    holds
 ``{p}:dlq``                               stream  dead letters: malformed or undeliverable messages
 ``{p}:hook:{name}:replay``                stream  entries re-fed to one async hook (same group)
 ``{p}:hook:{name}:failures``              hash    entry id → last failure of an async hook (TTL)
+``{p}:hook:{name}:lost``                  hash    stream → entries the hard cap cut before the
+                                                  hook's group handled them (bus/retention.py)
 ``{p}:metrics:{name}``                    hash    figures collected by an async MetricsHook
 ========================================  ======  =================================================
 """
@@ -59,6 +62,11 @@ class Keys:
         "prefix",
     )
 
+    #: The member of a replicas set that records the last clean shutdown of a replica, scored
+    #: ``-(epoch ms)``: a negative score is never counted live (``ZCOUNT key <now - live> +inf``),
+    #: and one member per hook keeps the set bounded. (A replica id is ``HOST-PID-RANDOM``.)
+    STOPPED_MEMBER = "stopped"
+
     def __init__(self, prefix: str = "hookbus") -> None:
         self.prefix = check_name("key prefix", prefix)
         self.events = f"{prefix}:events"
@@ -76,7 +84,12 @@ class Keys:
         return f"{self.prefix}:hook:{hook}:requests"
 
     def replicas(self, hook: str) -> str:
+        """Replica id → last heartbeat (epoch ms); plus ``STOPPED_MEMBER`` (see there)."""
         return f"{self.prefix}:hook:{hook}:replicas"
+
+    def clocks(self, hook: str) -> str:
+        """Each replica's measured clock offset from Redis's (bus/clock.py), in ms."""
+        return f"{self.prefix}:hook:{hook}:clocks"
 
     def inbox(self, owner: str) -> str:
         return f"{self.prefix}:inbox:{owner}"
@@ -92,6 +105,10 @@ class Keys:
     def failures(self, hook: str) -> str:
         """Last failure reason per entry id of one async hook (for its dead letters)."""
         return f"{self.prefix}:hook:{hook}:failures"
+
+    def lost(self, hook: str) -> str:
+        """Per stream, how many entries the hard cap cut before the hook's group handled them."""
+        return f"{self.prefix}:hook:{hook}:lost"
 
     def metrics(self, hook: str) -> str:
         """Figures an async MetricsHook collected."""

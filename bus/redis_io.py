@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bus.errors import RedisAuthError
 from bus.keys import Keys
-from bus.protocol import now_ms
+from bus.protocol import DATA_FIELD, now_ms
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.redis")
@@ -25,6 +26,60 @@ UNREACHABLE = (RedisError, OSError)
 
 
 SOCKET_TIMEOUT = 10.0
+
+
+def permanent(exc: BaseException, conn: Any = None) -> RedisAuthError | None:
+    """The one place that tells a permanent Redis error (retrying cannot help: the process must
+    be reconfigured) from a passing one. Today that is a refused login: a missing or wrong
+    password, an unknown or disabled user. ``conn``, when given, names the server and user."""
+    refused = isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    )
+    if not refused:
+        return None
+    where = "Redis"
+    if conn is not None:
+        path = getattr(conn, "path", None)
+        where += f" at {path}" if path else f" at {conn.host}:{conn.port}"
+        user = getattr(conn, "username", None)
+        if user:
+            who = f"user {user!r} with that password"
+        elif getattr(conn, "password", None):
+            who = "the password given"
+        else:
+            who = "a connection without a password"
+    else:
+        who = "the credentials"
+    return RedisAuthError(
+        f"authentication failed: {where} refused {who} ({exc}). Put the right user and "
+        "password in the Redis URL: HOOKBUS_REDIS_URL or --redis, "
+        "redis://USER:PASSWORD@HOST:PORT/0"
+    )
+
+
+async def _handshake(conn: Any, check: Callable[[], Awaitable[None]]) -> None:
+    """redis-py's connection handshake (AUTH/HELLO, then SELECT …), with a refused login
+    turned into a RedisAuthError: a connection then stops every retry loop at once."""
+    try:
+        await check()
+    except RedisError as exc:
+        error = permanent(exc, conn)
+        if error is None:
+            raise
+        await conn.disconnect()
+        raise error from exc
+
+
+class _AuthSSLConnection(redis_connection.SSLConnection):
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        parent = super().on_connect_check_health
+        await _handshake(self, lambda: parent(check_health=check_health))
+
+
+class _AuthUnixConnection(redis_connection.UnixDomainSocketConnection):
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        parent = super().on_connect_check_health
+        await _handshake(self, lambda: parent(check_health=check_health))
 
 
 class _Connection(redis_connection.Connection):
@@ -46,9 +101,36 @@ class _Connection(redis_connection.Connection):
         finally:
             self.socket_timeout = timeout
 
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        parent = super().on_connect_check_health
+        await _handshake(self, lambda: parent(check_health=check_health))
+
+
+#: URL schemes that name a Redis Cluster: ``redis+cluster://host:port`` (any one node; the
+#: client discovers the others) and ``rediss+cluster://`` with TLS.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
 
 def connect(settings: BusSettings) -> Redis:
-    """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand."""
+    """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand.
+
+    A ``redis+cluster://`` URL gives redis-py's cluster client. It has the same command methods
+    (every HookBus command names one key, and pipelines are never transactions: protocol.md §9),
+    so the roles use it through the same ``Redis`` type.
+    """
+    scheme, _, rest = settings.redis_url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        cluster = RedisCluster.from_url(
+            f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            socket_connect_timeout=2,
+            socket_timeout=SOCKET_TIMEOUT,
+            health_check_interval=0,
+        )
+        return cast(Redis, cluster)
     client = Redis.from_url(
         settings.redis_url,
         socket_connect_timeout=2,
@@ -57,8 +139,102 @@ def connect(settings: BusSettings) -> Redis:
         retry_on_timeout=False,
     )
     pool = client.connection_pool
-    if pool.connection_class is redis_connection.Connection:  # not for TLS or unix sockets
-        pool.connection_class = _Connection
+    pool.connection_class = {
+        redis_connection.Connection: _Connection,
+        redis_connection.SSLConnection: _AuthSSLConnection,
+        redis_connection.UnixDomainSocketConnection: _AuthUnixConnection,
+    }.get(pool.connection_class, pool.connection_class)
+    return client
+
+
+class NotReplicated(RedisError):
+    """A durable write reached its master but not enough replicas within the wait."""
+
+
+#: (stream, payload, maxlen) of one XADD in a batch.
+Xadd = tuple[str, bytes, int]
+
+
+async def xadd_batch(
+    redis: Redis, batch: Sequence[Xadd], *, replicas: int = 0, wait_ms: int = 1000
+) -> list[Any]:
+    """XADD every item (one round trip per node); each result is an entry id or the exception.
+
+    ``replicas`` > 0 is the durable mode: after the XADDs, ``WAIT replicas wait_ms`` on the
+    same connection, and an item whose master did not hear back from that many replicas gets
+    :class:`NotReplicated` instead of its id (the write may still survive; it is not promised).
+    """
+    if replicas <= 0:
+        return await _pipelined(redis, batch, None)
+    if not isinstance(redis, RedisCluster):
+        return await _pipelined(redis, batch, (replicas, wait_ms))
+    # WAIT names no key: redis-py's cluster pipeline sends it to a random node, whose answer
+    # says nothing about ours. So each master's share goes through a plain client of that node.
+    cluster = cast(RedisCluster, redis)
+    shares: dict[tuple[str, int], list[int]] = {}
+    results: list[Any] = [None] * len(batch)
+    for index, (stream, _, _) in enumerate(batch):
+        try:
+            node = cluster.get_node_from_key(stream)
+        except RedisClusterException as exc:  # mid-failover: no master serves the slot yet
+            results[index] = RedisError(f"no master for {stream}: {exc}")
+            continue
+        shares.setdefault((node.host, node.port), []).append(index)
+
+    async def share(address: tuple[str, int], indices: list[int]) -> None:
+        got = await _pipelined(
+            _node_client(cluster, address), [batch[i] for i in indices], (replicas, wait_ms)
+        )
+        for i, result in zip(indices, got, strict=True):
+            results[i] = result
+
+    await asyncio.gather(*(share(a, i) for a, i in shares.items()))
+    if any(isinstance(r, Exception) for r in results):
+        try:  # a failover moves slots: learn the new map before the next batch
+            await cluster.nodes_manager.initialize()
+        except (RedisError, RedisClusterException, OSError) as exc:
+            log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
+    return results
+
+
+async def _pipelined(
+    redis: Redis, batch: Sequence[Xadd], wait: tuple[int, int] | None
+) -> list[Any]:
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            for stream, payload, maxlen in batch:
+                pipe.xadd(stream, {DATA_FIELD: payload}, maxlen=maxlen, approximate=True)
+            if wait is not None:
+                pipe.wait(*wait)
+            results = list(await pipe.execute(raise_on_error=False))
+    except (RedisError, OSError) as exc:
+        return [exc] * len(batch)
+    if wait is not None:
+        acked = results.pop()
+        if not isinstance(acked, int) or acked < wait[0]:
+            missing = NotReplicated(
+                f"{acked} of {wait[0]} replicas acknowledged within {wait[1]} ms"
+            )
+            results = [r if isinstance(r, Exception) else missing for r in results]
+    return results
+
+
+_NODE_KWARGS = {
+    "username", "password", "credential_provider", "socket_timeout", "socket_connect_timeout",
+}  # fmt: skip
+
+
+def _node_client(cluster: RedisCluster, address: tuple[str, int]) -> Redis:
+    """A plain client of one cluster node, with the cluster client's credentials and TLS
+    (kept on the cluster client, so that both go together)."""
+    clients: dict[tuple[str, int], Redis] = cluster.__dict__.setdefault("_hookbus_nodes", {})
+    client = clients.get(address)
+    if client is None:
+        given = cluster.connection_kwargs
+        kwargs = {k: v for k, v in given.items() if k in _NODE_KWARGS or k.startswith("ssl_")}
+        if given.get("connection_class") is redis_connection.SSLConnection:
+            kwargs["ssl"] = True
+        client = clients[address] = Redis(host=address[0], port=address[1], **kwargs)
     return client
 
 
@@ -148,6 +324,16 @@ async def keep_and_claim(
         await redis.xclaim(stream, group, consumer, 0, list(in_flight), justid=True)
     result = await redis.xautoclaim(stream, group, consumer, idle_ms, start_id="0-0", count=count)
     return [(entry_id, fields) for entry_id, fields in result[1] if entry_id not in in_flight]
+
+
+async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> None:
+    """A replica's clean shutdown: its heartbeat goes, and the hook's ``stopped`` member
+    records when (``hookbus hooks list`` then says "stopped", not "never")."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.replicas(hook), replica)
+        pipe.zadd(keys.replicas(hook), {Keys.STOPPED_MEMBER: -now_ms()})
+        pipe.hdel(keys.clocks(hook), replica)
+        await pipe.execute()
 
 
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:

@@ -1,24 +1,57 @@
-"""Retention of the events stream: trim history, never what a group still has to handle.
+"""Retention of the streams async hooks read: trim history, never what a group still needs, and
+count exactly what the last-resort cap cuts.
 
-Policy (see docs/protocol.md): the stream keeps about ``events_maxlen`` entries of history.
-A retention pass (run by every async worker every 10 s) trims entries older than that, but
-never past the oldest entry some consumer group has not handled yet (its oldest pending entry,
-or the first entry after its last delivered one). Publishers cap the stream at
-``10 × events_maxlen`` as a backstop; a group that falls that far behind would lose entries,
-so every pass logs a warning for — and reports — each group whose backlog passes half of it.
+The streams: ``{p}:events``, each async hook's ``{p}:hook:{name}:replay`` and the audit trail
+``{p}:audit`` (see docs/protocol.md, "Retention").
+
+* **Retention pass** (every async worker, every 10 s, on each stream it reads): trims entries
+  older than about ``maxlen``, but never past the oldest entry some consumer group still needs
+  (its oldest pending entry, or the entry after its last delivered one).
+* **Hard cap** (the last resort): publishers cap each stream at ``HARD_CAP_FACTOR × maxlen``
+  (``XADD … MAXLEN ~``), so that a group that stopped cannot fill Redis's memory. What that cap
+  cuts from a group's undelivered entries leaves a gap between the group's last delivered id and
+  the stream's first entry. Redis 7 counts the entries ever added to a stream (``XINFO STREAM``
+  entries-added) and read by each group (``XINFO GROUPS`` entries-read), so the size of the gap is
+  exact: entries-added − entries-read − length.
+* **Counting** (:class:`Retention`): every read of a group goes through a Lua script that,
+  atomically with the read, finds such a gap, settles it (``XGROUP SETID … ENTRIESREAD``, which
+  keeps the group's lag exact) and returns it; :meth:`Retention.record` then reports it: a dead
+  letter with the range, the count and the group, the group's ``{p}:hook:{name}:lost`` counter
+  (``hookbus lag`` shows it), the ``hookbus.entries.lost`` metric and an error log line. A
+  retention pass settles every group's gap too, so a group whose replicas are all down is
+  reported within one pass. A pending entry the cap cut is reported by the replica whose
+  ``XAUTOCLAIM`` drops it from the group (:meth:`Retention.record_trimmed`).
+
+Why a script: Redis 7.0 has no ``XADD``/``XTRIM`` option that keeps what groups still need
+(``KEEPREF``/``ACKED`` came in 8.2), and a gap must be settled atomically with the read: a read
+that crosses it makes Redis count the first entry after the gap as the next one read, and the
+loss becomes invisible. The scripts touch one key, the stream, so they run on Redis Cluster too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
-from bus.keys import Keys
+from bus import telemetry
+from bus.errors import HookBusError
+from bus.keys import Keys, check_name
+from bus.redis_io import Entry, dead_letter_entry
 
 log = logging.getLogger("hookbus.retention")
 HARD_CAP_FACTOR = 10
+#: The reason of a dead letter for a pending entry the hard cap cut before it was acknowledged.
+TRIMMED = "trimmed before it was handled"
+
+
+def hard_cap(maxlen: int) -> int:
+    """The length publishers cap a stream at (``XADD … MAXLEN ~``), for a retention ``maxlen``."""
+    return HARD_CAP_FACTOR * maxlen
 
 
 def _id(value: Any) -> tuple[int, int]:
@@ -27,15 +60,270 @@ def _id(value: Any) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Entries of ``stream`` the hard cap cut before ``group`` read them: ``count`` entries with
+    ids after ``after`` and before ``before`` (both exclusive; "+" means up to the stream's end,
+    "-" that the start is not known)."""
+
+    stream: str
+    group: str
+    count: int
+    after: str
+    before: str
+
+
+# Helpers shared by the scripts: exact stream-id comparison (ids are two 64-bit numbers, more
+# than a Lua double holds) and a field of a flat XINFO reply.
+_LUA_HELPERS = """
+local function parts(id)
+  local ms, seq = string.match(id, '^(%d+)-?(%d*)$')
+  if seq == '' then seq = '0' end
+  return ms, seq
+end
+local function num_cmp(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a ~= b then return a < b and -1 or 1 end
+  return 0
+end
+local function cmp(a, b)
+  local ams, aseq = parts(a)
+  local bms, bseq = parts(b)
+  local c = num_cmp(ams, bms)
+  if c ~= 0 then return c end
+  return num_cmp(aseq, bseq)
+end
+local function field(flat, name)
+  for i = 1, #flat, 2 do
+    if flat[i] == name then return flat[i + 1] end
+  end
+  return false
+end
+"""
+
+# KEYS[1]: the stream. ARGV: group, consumer, count (0: settle only, no read).
+# Returns {gap or false, XREADGROUP reply or false, the stream's last generated id}; a gap is
+# {count, after, before}.
+_READ = (
+    _LUA_HELPERS
+    + """
+local stream, group = KEYS[1], ARGV[1]
+local groups = redis.pcall('XINFO', 'GROUPS', stream)
+if groups.err then
+  return redis.error_reply('NOGROUP no stream ' .. stream .. ' for group ' .. group)
+end
+local g = false
+for _, row in ipairs(groups) do
+  if field(row, 'name') == group then g = row break end
+end
+if not g then return redis.error_reply('NOGROUP no group ' .. group .. ' on ' .. stream) end
+local info = redis.call('XINFO', 'STREAM', stream)
+local added, length = field(info, 'entries-added'), field(info, 'length')
+local last = field(info, 'last-generated-id')
+local delivered, read = field(g, 'last-delivered-id'), field(g, 'entries-read')
+local gap = false
+if not read and delivered == last then
+  -- Redis lost its count (a group made without one): at the stream's end it is known again.
+  redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added)
+elseif read then
+  local first = false
+  if length > 0 then first = field(info, 'recorded-first-entry-id') end
+  if (not first or cmp(delivered, first) < 0) and added - read > length then
+    gap = {added - read - length, delivered, first or '+'}
+    redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added - length)
+  elseif delivered == last and added > read then
+    -- A loss a reader crossed without counting (an older replica): the range is unknown.
+    gap = {added - read, '-', delivered}
+    redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added)
+  end
+end
+local count = tonumber(ARGV[3])
+if count == 0 then return {gap, false, last} end
+local reply = redis.call('XREADGROUP', 'GROUP', group, ARGV[2], 'COUNT', count,
+                         'STREAMS', stream, '>')
+return {gap, reply, last}
+"""
+)
+
+# KEYS[1]: the stream. ARGV: group, start ("$", "0" or an id). XGROUP CREATE with the count of
+# entries before the group's position (ENTRIESREAD), so that its losses can be counted from its
+# first read; BUSYGROUP if it exists.
+_CREATE = (
+    _LUA_HELPERS
+    + """
+local stream, group, start = KEYS[1], ARGV[1], ARGV[2]
+local info = redis.pcall('XINFO', 'STREAM', stream)
+if info.err then
+  return redis.pcall('XGROUP', 'CREATE', stream, group, start, 'MKSTREAM', 'ENTRIESREAD', 0)
+end
+local added, length = field(info, 'entries-added'), field(info, 'length')
+local last = field(info, 'last-generated-id')
+local read = false
+if start == '$' or cmp(start, last) >= 0 then
+  read = added
+elseif length == 0 or cmp(start, field(info, 'recorded-first-entry-id')) < 0 then
+  read = added - length
+end
+if read then
+  return redis.pcall('XGROUP', 'CREATE', stream, group, start, 'ENTRIESREAD', read)
+end
+-- A start inside the stream: Redis counts from the group's first read of its newest entry.
+return redis.pcall('XGROUP', 'CREATE', stream, group, start)
+"""
+)
+
+
+def _entries(reply: Any) -> list[Entry]:
+    """XREADGROUP's reply as a script returns it (flat field lists) as (id, fields) pairs."""
+    out: list[Entry] = []
+    for _, batch in reply or ():
+        for entry_id, flat in batch:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
+            out.append((entry_id, fields))
+    return out
+
+
+class Retention:
+    """Group reads that count what the hard cap cut, the reports of it, and retention passes,
+    for one Redis client.
+
+    Args:
+        redis: a redis-py asyncio client (bytes in and out).
+        keys: the key names.
+    """
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._read = redis.register_script(_READ)
+        self._create = redis.register_script(_CREATE)
+
+    # -- groups --------------------------------------------------------------------------------
+
+    async def create_group(self, stream: str, group: str, start: str = "$") -> None:
+        """Create ``group`` on ``stream`` (and the stream) at ``start`` unless it exists, with
+        Redis's count of the entries before it set, so its losses can be counted."""
+        try:
+            await self._create(keys=[stream], args=[group, start])
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read(
+        self, stream: str, group: str, consumer: str, count: int
+    ) -> tuple[list[Entry], Gap | None, str]:
+        """New entries for ``consumer`` (at most ``count``, without blocking); the gap the hard
+        cap left before them, settled, which the caller must :meth:`record`; and the stream's
+        last id (to wait for newer ones with ``XREAD BLOCK``). NOGROUP if the group is gone."""
+        reply: Any = await self._read(keys=[stream], args=[group, consumer, count])
+        raw_gap, entries, last = reply
+        gap = None
+        if raw_gap:
+            lost, after, before = raw_gap
+            gap = Gap(stream, group, int(lost), _text(after), _text(before))
+        return _entries(entries), gap, _text(last)
+
+    async def settle(self, stream: str, group: str) -> Gap | None:
+        """The gap the hard cap left before ``group``'s next entry on ``stream``, settled (to be
+        recorded), or None."""
+        _, gap, _ = await self.read(stream, group, "", 0)
+        return gap
+
+    # -- reports -------------------------------------------------------------------------------
+
+    async def record(self, gap: Gap) -> None:
+        """Report entries the hard cap cut before ``gap.group`` read them: a dead letter with
+        the range, the count and the group; the group's lost counter; a metric; a log line."""
+        reason = (
+            f"{gap.count} entries of {gap.stream} cut by its hard cap before group {gap.group} "
+            f"read them (ids after {gap.after}, before {gap.before})"
+        )
+        letter = dead_letter_entry(
+            gap.stream, reason, b"", hook=gap.group, groups=gap.group, lost=str(gap.count),
+            after=gap.after, before=gap.before,
+        )  # fmt: skip
+        await self._report(gap.stream, gap.group, gap.count, [letter])
+        log.error("%s; add replicas or raise the cap", reason)
+
+    async def record_trimmed(self, stream: str, group: str, entry_ids: list[bytes]) -> None:
+        """Report pending entries of ``group`` that the hard cap cut before they were
+        acknowledged (``XAUTOCLAIM`` dropped them from the group): a dead letter each."""
+        if not entry_ids:
+            return
+        reason = f"{TRIMMED}: cut by the hard cap of {stream} while pending"
+        extra = {"hook": group, "groups": group, "lost": "1", "after": "-", "before": "-"}
+        letters = [
+            dead_letter_entry(stream, reason, b"", entry_id=_text(i), **extra) for i in entry_ids
+        ]
+        await self._report(stream, group, len(entry_ids), letters)
+        log.error(
+            "%d pending entries of group %s on %s were %s (first %s); add replicas or raise the "
+            "cap",
+            len(entry_ids), group, stream, TRIMMED, _text(entry_ids[0]),
+        )  # fmt: skip
+
+    async def _report(self, stream: str, group: str, count: int, letters: list[Any]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for letter in letters:
+                pipe.xadd(self.keys.dlq, letter, maxlen=100_000, approximate=True)
+            # A group no hook service made has no counter: its dead letters say it.
+            with contextlib.suppress(HookBusError):
+                pipe.hincrby(self.keys.lost(check_name("hook name", group)), stream, count)
+            await pipe.execute()
+        telemetry.count_lost(group, stream, count)
+
+    # -- retention pass ------------------------------------------------------------------------
+
+    async def trim(self, stream: str, maxlen: int) -> dict[str, Any]:
+        """One retention pass over ``stream``: settle and record every group's gap, warn about
+        groups near the hard cap, trim history older than about ``maxlen`` entries but never
+        what a group still needs. Returns what it did (for logs, ``hookbus lag`` and tests)."""
+        lost = 0
+        for group in await group_backlogs(self.redis, stream):
+            gap = await self.settle(stream, group)
+            if gap:
+                await self.record(gap)
+                lost += gap.count
+        backlogs = await group_backlogs(self.redis, stream)
+        at_risk = []
+        cap = hard_cap(maxlen)
+        for name, b in backlogs.items():
+            backlog = (b["lag"] or 0) + b["pending"]
+            if backlog > cap // 2:
+                at_risk.append(name)
+                log.warning(
+                    "group %s is %d entries behind on %s: past %d the stream's cap drops "
+                    "entries it has not handled yet; add replicas or fix the hook",
+                    name, backlog, stream, cap,
+                )  # fmt: skip
+        length = await self.redis.xlen(stream)
+        if length <= maxlen:
+            return {"trimmed": 0, "at_risk": at_risk, "lost": lost}
+        info: Any = await self.redis.xinfo_stream(stream)
+        first, last = _id(info["first-entry"][0]), _id(info["last-entry"][0])
+        # The stream id is a millisecond clock: estimate the id maxlen entries from the end.
+        span = max(1, last[0] - first[0])
+        boundary = (last[0] - int(span * maxlen / length), 0)
+        floor = min([boundary, *(b["needs"] for b in backlogs.values())])
+        trimmed = int(
+            await self.redis.xtrim(stream, minid=f"{floor[0]}-{floor[1]}", approximate=True)
+        )
+        return {"trimmed": trimmed, "at_risk": at_risk, "lost": lost}
+
+
 async def group_backlogs(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
     """Per group: lag (not yet delivered), pending, and the oldest id it still needs."""
     try:
         groups: Any = await redis.xinfo_groups(stream)
-    except Exception:  # no stream yet
+    except ResponseError:  # no stream yet
         return {}
     out: dict[str, dict[str, Any]] = {}
     for g in groups:
-        name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+        name = _text(g["name"])
         needs = _id(g["last-delivered-id"])
         needs = (needs[0], needs[1] + 1)
         if g["pending"]:
@@ -43,29 +331,3 @@ async def group_backlogs(redis: Redis, stream: str) -> dict[str, dict[str, Any]]
             needs = min(needs, _id(summary["min"]))
         out[name] = {"lag": g.get("lag"), "pending": int(g["pending"]), "needs": needs}
     return out
-
-
-async def trim_events(redis: Redis, keys: Keys, maxlen: int) -> dict[str, Any]:
-    """One retention pass; returns what it did (for logs, ``hookbus lag`` and tests)."""
-    length = await redis.xlen(keys.events)
-    backlogs = await group_backlogs(redis, keys.events)
-    at_risk = []
-    for name, b in backlogs.items():
-        backlog = (b["lag"] or 0) + b["pending"]
-        if backlog > HARD_CAP_FACTOR * maxlen // 2:
-            at_risk.append(name)
-            log.warning(
-                "group %s is %d events behind: past %d the stream cap drops events it has not "
-                "handled yet; add replicas or fix the hook",
-                name, backlog, HARD_CAP_FACTOR * maxlen,
-            )  # fmt: skip
-    if length <= maxlen:
-        return {"trimmed": 0, "at_risk": at_risk}
-    info: Any = await redis.xinfo_stream(keys.events)
-    first, last = _id(info["first-entry"][0]), _id(info["last-entry"][0])
-    # The stream id is a millisecond clock: estimate the id maxlen entries from the end.
-    span = max(1, last[0] - first[0])
-    boundary = (last[0] - int(span * maxlen / length), 0)
-    floor = min([boundary, *(b["needs"] for b in backlogs.values())])
-    trimmed = int(await redis.xtrim(keys.events, minid=f"{floor[0]}-{floor[1]}", approximate=True))
-    return {"trimmed": trimmed, "at_risk": at_risk}

@@ -69,14 +69,29 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
     return value
 
 
+def _count(env: Mapping[str, str], key: str, default: int) -> int:
+    """A whole number >= 0 (0 switches a feature off)."""
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit():
+        raise ConfigError(f"{key}={raw!r} must be a whole number >= 0")
+    return int(raw)
+
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+#: Accepted Redis URL schemes; the ``+cluster`` ones select redis-py's cluster client.
+URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
 
 class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the distributed mode talks to Redis.
 
     Attributes:
-        redis_url: ``HOOKBUS_REDIS_URL`` (``redis://`` or ``rediss://``).
+        redis_url: ``HOOKBUS_REDIS_URL`` (``redis://``, ``rediss://``, ``unix://``, or
+            ``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster).
         prefix: ``HOOKBUS_PREFIX`` for every key (default ``hookbus``).
         heartbeat_secs: how often a worker refreshes its heartbeat (``HOOKBUS_HEARTBEAT_SECS``, 1).
         liveness_secs: a replica without a heartbeat for this long is dead
@@ -87,10 +102,18 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             (``HOOKBUS_EVENTS_MAXLEN``, 100000).
         requests_maxlen: the same for each hook's request stream (``HOOKBUS_REQUESTS_MAXLEN``,
             10000).
+        audit_maxlen: approximate length the audit trail ``{p}:audit`` is trimmed to
+            (``HOOKBUS_AUDIT_MAXLEN``, 10000). Like the events stream, never past what a group
+            that follows it still needs; publishers cap it at 10 times that (bus/retention.py).
         session_ttl_secs: how long session hooks and cancellations outlive their last use
             (``HOOKBUS_SESSION_TTL_SECS``, 3600).
         refresh_secs: how often a coordinator re-reads the hook directory
             (``HOOKBUS_REFRESH_SECS``, 1).
+        durable_replicas: the durable mode (``HOOKBUS_DURABLE_REPLICAS``, 0 = off): a
+            coordinator counts an event or request as published only once this many replicas
+            of its Redis master have it (``WAIT``), so a failover cannot lose it silently.
+        durable_wait_ms: how long a durable publish waits for them
+            (``HOOKBUS_DURABLE_WAIT_MS``, 1000).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -100,8 +123,11 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     claim_idle_secs: float = 1.0
     events_maxlen: int = 100_000
     requests_maxlen: int = 10_000
+    audit_maxlen: int = 10_000
     session_ttl_secs: int = 3600
     refresh_secs: float = 1.0
+    durable_replicas: int = 0
+    durable_wait_ms: int = 1000
 
     @classmethod
     def from_env(
@@ -109,8 +135,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     ) -> BusSettings:
         env = os.environ if env is None else env
         url = redis_url or env.get("HOOKBUS_REDIS_URL") or DEFAULT_REDIS_URL
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
+        if not url.startswith(URL_SCHEMES):
+            raise ConfigError(f"Redis URL {url!r} must start with {', '.join(URL_SCHEMES)}")
         return cls(
             redis_url=url,
             prefix=env.get("HOOKBUS_PREFIX") or "hookbus",
@@ -119,6 +145,9 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             claim_idle_secs=_positive(env, "HOOKBUS_CLAIM_IDLE_SECS", 1.0),
             events_maxlen=_int(env, "HOOKBUS_EVENTS_MAXLEN", 100_000),
             requests_maxlen=_int(env, "HOOKBUS_REQUESTS_MAXLEN", 10_000),
+            audit_maxlen=_int(env, "HOOKBUS_AUDIT_MAXLEN", 10_000),
             session_ttl_secs=_int(env, "HOOKBUS_SESSION_TTL_SECS", 3600),
             refresh_secs=_positive(env, "HOOKBUS_REFRESH_SECS", 1.0),
+            durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
+            durable_wait_ms=_int(env, "HOOKBUS_DURABLE_WAIT_MS", 1000),
         )

@@ -123,6 +123,9 @@ def _instruments() -> dict[str, Any]:
         ),
         "dead_letters": m.create_counter("hookbus.dead_letters",
                                          description="messages moved to the dead-letter stream"),
+        "lost": m.create_counter("hookbus.entries.lost",
+                                 description="stream entries a hard cap cut before a consumer "
+                                 "group handled them, by group and stream"),
     }  # fmt: skip
 
 
@@ -270,3 +273,8 @@ def hook_span(
 def count_dead_letters(source: str, n: int = 1) -> None:
     if enabled():
         _instruments()["dead_letters"].add(n, {"source": source})
+
+
+def count_lost(group: str, stream: str, n: int) -> None:
+    if enabled():
+        _instruments()["lost"].add(n, {"hook.name": group, "stream": stream})

@@ -63,6 +63,28 @@ def redis_server() -> Iterator[Any]:
         docker.container.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A private Redis Cluster (3 masters, 3 replicas) for this test session."""
+    from workers.redis_cluster import LocalCluster
+
+    with LocalCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_settings(redis_cluster: Any) -> BusSettings:
+    """Settings for the cluster, as a user gives them: a ``redis+cluster://`` URL of one node."""
+    return BusSettings(
+        redis_url=redis_cluster.url.replace("redis://", "redis+cluster://", 1),
+        prefix=f"t{uuid.uuid4().hex[:10]}",
+        heartbeat_secs=0.2,
+        liveness_secs=1.0,
+        claim_idle_secs=0.5,
+        refresh_secs=0.2,
+    )
+
+
 @pytest.fixture
 def bus_settings(redis_server: Any) -> BusSettings:
     """Settings with a prefix of its own, so that tests never see each other's keys."""
@@ -89,12 +111,18 @@ def procs(tmp_path: Any) -> Iterator[Any]:
         processes.stop_all()
 
 
-@pytest.fixture(params=["embedded", "distributed"])
+@pytest.fixture(params=["embedded", "distributed", "cluster"])
 async def harness(request: Any, procs: Any) -> Any:
+    """The shared semantic suite runs embedded, over one Redis node, and over a Redis Cluster."""
     from tests.harness import Harness
 
-    settings = request.getfixturevalue("bus_settings") if request.param == "distributed" else None
-    h = Harness(request.param, settings, procs)  # type: ignore[arg-type]
+    settings = {
+        "embedded": None,
+        "distributed": lambda: request.getfixturevalue("bus_settings"),
+        "cluster": lambda: request.getfixturevalue("cluster_settings"),
+    }[request.param]
+    mode = "embedded" if settings is None else "distributed"
+    h = Harness(mode, settings and settings(), procs)  # type: ignore[arg-type]
     try:
         yield h
     finally:

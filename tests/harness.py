@@ -45,7 +45,7 @@ class Processes:
     def start(self, args: list[str], env: dict[str, str], label: str) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{label}-{len(self.procs)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bus.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
+            [sys.executable, "-m", "workers.cli", *args], env=env, cwd=ROOT, stdout=log, stderr=log
         )
         log.close()
         self.procs.append(proc)

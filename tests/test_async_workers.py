@@ -80,7 +80,8 @@ async def wait_group(redis: Redis, keys: Keys, group: str, replicas: int = 1) ->
     """Until ``replicas`` replicas of the async hook have registered (its group exists)."""
 
     async def registered() -> bool:
-        return bool(await redis.zcard(keys.replicas(group)) >= replicas)
+        # Replica members only: the `stopped` marker of a clean shutdown scores below 0.
+        return bool(await redis.zcount(keys.replicas(group), 0, "+inf") >= replicas)
 
     await wait_for(registered, timeout=30, what=f"{replicas} replicas of {group}")
 
@@ -151,7 +152,7 @@ async def test_a_poison_event_is_dead_lettered_after_n_deliveries_then_replayed(
 
         fixed.touch()  # the fix is deployed
         out = subprocess.run(
-            [sys.executable, "-m", "bus.cli", "replay", "Picky", "--dlq"],
+            [sys.executable, "-m", "workers.cli", "replay", "Picky", "--dlq"],
             env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode == 0 and "re-fed 1 dead letters" in out.stdout, out.stderr

@@ -36,11 +36,11 @@ from bus import (
 from bus.breakglass import is_on
 from bus.protocol import HookReply, decode, now_ms
 from bus.settings import BusSettings
-from bus.testing import context
 from tests.harness import ROOT, Processes, audit_events, wait_for, wait_live, worker_env
 from tests.hooks_for_tests import Recorder
 from tests.remote_hooks import HookConfig
 from workers.builtins import MetricsData, with_builtins
+from workers.testing import context
 
 PRE = HookEvent.PRE_TOOL_USE
 
@@ -186,7 +186,7 @@ async def test_break_glass_embedded_warns_instead_of_blocking_records_it_and_end
 def hookbus(settings: BusSettings, *args: str) -> str:
     env = worker_env(settings, COLUMNS="250", NO_COLOR="1")
     out = subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args], env=env, cwd=ROOT,
+        [sys.executable, "-m", "workers.cli", *args], env=env, cwd=ROOT,
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -273,7 +273,7 @@ def test_breakglass_refuses_no_reason_and_overlong_bypasses(bus_settings: BusSet
         (["--reason", "x", "--for", "soon"], "not a duration"),
     ]:
         out = subprocess.run(
-            [sys.executable, "-m", "bus.cli", "breakglass", "on", *args],
+            [sys.executable, "-m", "workers.cli", "breakglass", "on", *args],
             env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert out.returncode != 0 and why in out.stderr and "Traceback" not in out.stderr

@@ -213,7 +213,7 @@ def test_a_misconfigured_command_hook_service_says_why_in_one_line(
     env: dict[str, Any] = worker_env(bus_settings, HOOKBUS_COMMAND_EVENTS="Notification",
                                      HOOKBUS_COMMAND="true")  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "worker", "workers.command_hook:CommandHook"],
+        [sys.executable, "-m", "workers.cli", "worker", "workers.command_hook:CommandHook"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc

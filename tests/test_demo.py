@@ -13,7 +13,7 @@ from tests.harness import ROOT
 
 def run_demo(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bus.cli", "demo", *args],
+        [sys.executable, "-m", "workers.cli", "demo", *args],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -41,7 +41,7 @@ def test_demo_runs_distributed_with_separate_hook_processes(redis_server: Any) -
 def test_demo_without_redis_runs_embedded_and_says_so_in_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if k != "HOOKBUS_REDIS_URL"}
     out = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "demo"],
+        [sys.executable, "-m", "workers.cli", "demo"],
         cwd=ROOT,
         env={**env, "PATH": "/nonexistent"},
         capture_output=True,
@@ -60,7 +60,7 @@ def test_demo_attaches_to_running_hook_services(bus_settings: Any, procs: Any) -
 
     procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
     out = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "demo", "--attach"],
+        [sys.executable, "-m", "workers.cli", "demo", "--attach"],
         cwd=ROOT,
         env=worker_env(bus_settings),
         capture_output=True,

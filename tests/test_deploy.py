@@ -5,7 +5,7 @@
   the Kubernetes schemas kubernetes-validate ships, the KEDA objects against
   deploy/schemas/keda-*.json. Offline: every schema is a file here or in an installed package.
 * Every ``hookbus`` command they run (service commands, container args, health checks, probes)
-  parses with bus/cli.py's parser, and every MODULE:CLASS they name imports.
+  parses with workers/cli/ parser, and every MODULE:CLASS they name imports.
 * The ACL users: the stack, the demo agent, a shell agent, the operator commands and the health
   checks all run against a Redis started by deploy/redis/start.sh, each as its role's user, and
   Redis denies none of their commands (ACL LOG) — while it does deny what a role must not do.
@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bus.cli import build_parser
 from bus.hooks import spec_of
 from tests.harness import ROOT, audit_events, until
+from workers.cli import build_parser
 from workers.redis_server import free_port, stop_process
 from workers.worker import load_hook
 
@@ -323,7 +323,7 @@ def hookbus(
     env = {**os.environ, "HOOKBUS_REDIS_URL": url, "COLUMNS": "250", "NO_COLOR": "1"}
     env.pop("HOOKBUS_PREFIX", None)
     result = subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=env, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=timeout, check=False,
     )  # fmt: skip
@@ -352,7 +352,7 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         # A follower of the events stream, then the demo agent, as the agent user.
         with (tmp_path / "tail.out").open("w") as out:
             tail = subprocess.Popen(
-                [sys.executable, "-m", "bus.cli", "events", "tail", "--count", "1"],
+                [sys.executable, "-m", "workers.cli", "events", "tail", "--count", "1"],
                 env={**env, "HOOKBUS_REDIS_URL": operator, "COLUMNS": "250", "NO_COLOR": "1"},
                 cwd=ROOT, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT,

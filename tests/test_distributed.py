@@ -317,7 +317,7 @@ async def test_hookbus_cancel_blocks_the_sessions_next_tool_call(
         await wait_live(client, "CancellationHook")
         assert not (await client.run_pre_tool_use(ctx("victim"))).is_blocked
         out = subprocess.run(
-            [sys.executable, "-m", "bus.cli", "cancel", "victim"],
+            [sys.executable, "-m", "workers.cli", "cancel", "victim"],
             env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         assert out.returncode == 0 and "cancelled" in out.stdout
@@ -352,7 +352,7 @@ async def test_events_are_published_to_the_events_stream(bus_settings: BusSettin
 
 def test_worker_with_a_bad_hook_path_says_so_in_one_line(bus_settings: BusSettings) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "worker", "no.such.module:Hook"],
+        [sys.executable, "-m", "workers.cli", "worker", "no.such.module:Hook"],
         env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert out.returncode == 2

@@ -59,8 +59,8 @@ def test_doc_commands_exist(where: str, argv: list[str]) -> None:
     are configured by the environment of the shell session shown: they are not made here)."""
     import importlib
 
-    from bus.cli import build_parser
     from bus.hooks import AgentHook, AsyncAgentHook
+    from workers.cli import build_parser
 
     args = build_parser().parse_args(argv)
     if getattr(args, "hook", None) and ":" in args.hook:

@@ -111,7 +111,7 @@ async def test_mode_changes_without_redeploying_the_hook(harness: Any) -> None:
         runner.set_mode("Guard", "dryrun")
     else:
         out = subprocess.run(
-            [sys.executable, "-m", "bus.cli", "hooks", "mode", "Guard", "dryrun"],
+            [sys.executable, "-m", "workers.cli", "hooks", "mode", "Guard", "dryrun"],
             cwd=ROOT, env=worker_env(harness.settings), capture_output=True, text=True,
             timeout=60,
         )  # fmt: skip

@@ -72,7 +72,7 @@ def get(port: int, path: str) -> tuple[int, Any]:
 
 def hookbus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

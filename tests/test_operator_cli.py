@@ -45,7 +45,7 @@ def env_for(settings: BusSettings, **extra: str) -> dict[str, str]:
 
 def hookbus(settings: BusSettings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=env_for(settings, **env),
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
@@ -119,10 +119,11 @@ def test_hooks_list_shows_every_hook_with_live_replicas_and_flags_a_malformed_ma
     register(r, Keys(bus_settings.prefix))
     rows = table_rows(ok(hookbus(bus_settings, "hooks", "list")))
     guard, audit, broken = rows["Guard"], rows["Audit"], rows["Broken"]
-    assert guard[1:8] == ["sync", "PreToolUse", "tool Bash", "fail", "5", "2s", "2 of 3"]
-    assert guard[8].endswith("s")  # seconds since the freshest heartbeat
-    assert audit[1:4] == ["async", "all", "any"]
-    assert audit[7:9] == ["0", "never"]
+    guard_cells = ["sync", "enforce", "PreToolUse", "tool Bash", "fail", "5", "2s", "2 of 3"]
+    assert guard[1:9] == guard_cells
+    assert guard[9].endswith("s")  # seconds since the freshest heartbeat
+    assert audit[1:5] == ["async", "enforce", "all", "any"]
+    assert audit[8:10] == ["0", "never"]
     assert "malformed manifest" in broken[-1]
 
 
@@ -201,7 +202,7 @@ class Tail:
         self.out, self.err = tmp / "tail.out", tmp / "tail.err"
         with self.out.open("wb") as out, self.err.open("wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bus.cli", "events", "tail", *args],
+                [sys.executable, "-m", "workers.cli", "events", "tail", *args],
                 env=env_for(settings),
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
@@ -342,6 +343,7 @@ def test_dlq_replay_refeeds_one_hooks_dead_letters(
 ) -> None:
     keys = Keys(bus_settings.prefix)
     ids = dead_letters(r, keys)
+    r.hset(keys.hooks, "h1", encode(HookManifest(name="h1", kind="async")))
     out = ok(hookbus(bus_settings, "dlq", "replay", "h1"))
     assert "re-fed 2 dead letters to h1" in out
     assert r.xlen(keys.replay("h1")) == 2

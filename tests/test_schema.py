@@ -29,7 +29,8 @@ def test_drift_is_detected(tmp_path: Path) -> None:
         "Stale.json: no longer generated",
     ]
     out = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "schema", "export", "--check", "--out", str(tmp_path)],
+        [sys.executable, "-m", "workers.cli", "schema", "export", "--check",
+         "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 1 and "schema drift" in out.stderr

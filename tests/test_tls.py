@@ -23,10 +23,10 @@ import redis
 from agent_adapter.client import HookClient
 from bus import Block, HookEvent, HookSettings
 from bus.settings import BusSettings
-from bus.testing import context
 from tests.harness import Processes, wait_live
 from tests.remote_hooks import HookConfig
 from workers.redis_server import find_redis_server, free_port, stop_process
+from workers.testing import context
 
 pytestmark = pytest.mark.redis
 

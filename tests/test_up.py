@@ -91,7 +91,7 @@ class Up:
         self.logs = tmp / "logs"
         with self.out.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bus.cli", "up", "--logs", str(self.logs), *args],
+                [sys.executable, "-m", "workers.cli", "up", "--logs", str(self.logs), *args],
                 env=clean_env(**{MARK: self.mark}, **env),
                 cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -174,7 +174,7 @@ def test_up_demo_once_runs_the_demo_on_a_private_redis_and_stops_everything(
 def live_hooks(settings: BusSettings) -> dict[str, int]:
     """Live replicas per hook, as ``hookbus hooks list`` shows them."""
     result = subprocess.run(
-        [sys.executable, "-m", "bus.cli", "hooks", "list"],
+        [sys.executable, "-m", "workers.cli", "hooks", "list"],
         env=clean_env(HOOKBUS_REDIS_URL=settings.redis_url, HOOKBUS_PREFIX=settings.prefix),
         cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
         check=False,
@@ -183,8 +183,8 @@ def live_hooks(settings: BusSettings) -> dict[str, int]:
     live = {}
     for line in result.stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("│").split("│")]
-        if len(cells) >= 9 and cells[0] in HOOKS:
-            live[cells[0]] = int(cells[7].split()[0])  # "2" or "1 of 2"
+        if len(cells) >= 10 and cells[0] in HOOKS:
+            live[cells[0]] = int(cells[8].split()[0])  # "2" or "1 of 2"
     return live
 
 
@@ -225,7 +225,7 @@ def test_up_says_in_one_line_when_redis_cannot_be_reached(up_runs: Callable[...,
 def hookbus(settings: BusSettings, *args: str) -> tuple[int, str]:
     """Exit code and the one line of output of ``hookbus ARGS`` (it must print exactly one)."""
     result = subprocess.run(
-        [sys.executable, "-m", "bus.cli", *args],
+        [sys.executable, "-m", "workers.cli", *args],
         env=worker_env(settings), cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
         text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -8,6 +8,13 @@
 * At least once: an entry is acknowledged only after the hook returned. One that failed stays
   pending; once idle past ``claim_idle_secs`` any live replica claims it (XAUTOCLAIM) and runs
   it again, so a replica killed mid-batch loses nothing.
+* Once without faults: while the hook runs (within its timeout), the keep-alive keeps the
+  replica's in-flight entries its own (XCLAIM … JUSTID resets their idle time, as the sync
+  worker does), so a hook slower than ``claim_idle_secs`` is not run again by another replica.
+* Nothing lost silently: reads go through bus/retention.py, which counts and reports what a
+  stream's hard cap cut before the group read it; a pending entry the cap cut (XAUTOCLAIM's
+  deleted ids) becomes a dead letter, "trimmed before it was handled". Every replica runs the
+  retention pass on the streams it reads.
 * Dead letters: a malformed entry goes to ``{p}:dlq`` at once; an entry delivered more than
   ``max_deliveries`` times goes there with the hook, the last failure and the delivery count.
 * A lost stream or group (NOGROUP) is recreated and logged. Stopping finishes the batch in hand,
@@ -21,6 +28,7 @@ the consumer-group protocol is small enough that owning it is simpler than worki
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -33,6 +41,7 @@ from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import ResponseError
 
 from bus import telemetry
+from bus.clock import START_SAMPLES, RedisClock
 from bus.dispatch import eager
 from bus.errors import ProtocolError
 from bus.events import TOOL_EVENTS, session_of, tool_of
@@ -50,16 +59,8 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import (
-    UNREACHABLE,
-    Entry,
-    connect,
-    dead_letter_entry,
-    ensure_group,
-    group_lost,
-    read_group,
-)
-from bus.retention import group_backlogs, trim_events
+from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, group_lost, retire_replica
+from bus.retention import Gap, Retention, group_backlogs
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.async")
@@ -111,9 +112,18 @@ class AsyncHookWorker:
         self.timeout = self.spec.timeout or (hook_settings or HookSettings()).async_timeout_secs
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
         self.redis = connect(settings)
+        self.retention = Retention(self.redis, self.keys)
         self.stats = {"handled": 0, "failed": 0, "dead_lettered": 0, "claimed": 0, "skipped": 0}
+        self.clock = RedisClock(f"async hook {self.group} replica {self.replica}")
+        self.stats |= {"lost": 0}
+        # Entries this replica holds, by stream: read or claimed, not yet settled. The keep-alive
+        # keeps them claimed; claimed entries wait in _claimed for the read loop.
+        self._in_flight: dict[str, set[bytes]] = {stream: set() for stream in self.streams}
+        self._claimed: collections.deque[tuple[str, list[Entry]]] = collections.deque()
+        self._gaps: list[Gap] = []  # settled by a read, not yet recorded (Redis failed)
+        self._last_id: dict[str, str] = {}  # the newest id seen per stream, to wait past it
         self.registered = asyncio.Event()
-        self._busy = asyncio.Lock()  # one batch at a time: the read loop or the claimer
+        self._busy = asyncio.Lock()  # held while a batch runs (stopping waits for it)
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
         self._next_replay_check = 0.0
@@ -135,19 +145,20 @@ class AsyncHookWorker:
 
     async def register(self) -> None:
         # The group first: once the manifest is visible, every later event reaches this hook.
-        await ensure_group(self.redis, self.keys.events, self.group, start=self.start)
+        await self.retention.create_group(self.keys.events, self.group, start=self.start)
         for side in self.streams[1:]:
-            await ensure_group(self.redis, side, self.group, start="0")
+            await self.retention.create_group(side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
         await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
-        await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+        await self.clock.measure(self.redis, START_SAMPLES)
+        await self._heartbeat(measure=False)
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
         log.info("async hook %s replica %s reading %s", self.group, self.replica, self.streams[0])
 
     async def deregister(self) -> None:
-        await self.redis.zrem(self.keys.replicas(self.group), self.replica)
+        await retire_replica(self.redis, self.keys, self.group, self.replica)
         note = ControlMessage(type="deregister", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
 
@@ -192,13 +203,15 @@ class AsyncHookWorker:
                 log.warning("events stream or group %s vanished; recreating it", self.group)
                 with contextlib.suppress(*UNREACHABLE):  # else tried again at the next read
                     for stream in self.streams:
-                        await ensure_group(self.redis, stream, self.group, start="0")
+                        await self.retention.create_group(stream, self.group, start="0")
                 continue
             except UNREACHABLE as exc:
                 log.warning("Redis unreachable (%s); retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
             for stream, entries in batches:
+                held = self._in_flight[stream]
+                held.update(entry_id for entry_id, _ in entries)
                 try:
                     async with self._busy:
                         await self.process(stream, entries)
@@ -208,29 +221,55 @@ class AsyncHookWorker:
                     )
                     await asyncio.sleep(0.5)
                     break
+                finally:
+                    held.difference_update(entry_id for entry_id, _ in entries)
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
-        """The next batch. The side streams (re-fed entries, the audit trail) are checked twice a
-        second; while one has a backlog, it and the events take turns, so neither waits on the
-        other. One stream per command, so that the keys may live on different cluster slots."""
+        """The next batch: entries claimed from a silent replica first, then new ones. The side
+        streams (re-fed entries, the audit trail) are checked twice a second; while one has a
+        backlog, it and the events take turns, so neither waits on the other. One stream per
+        command, so that the keys may live on different cluster slots."""
+        if self._claimed:
+            return [self._claimed.popleft()]
         events, *sides = self.streams
         if self._sides_due or time.monotonic() >= self._next_replay_check:
             self._sides_due = False
             self._next_replay_check = time.monotonic() + 0.5
             for side in sides:
-                entries = await read_group(
-                    self.redis, self.group, self.replica, side, count=self.batch_size, block_ms=None
-                )
+                entries = await self._read_new(side)
                 if entries:
                     self._events_due = True
                     return [(side, entries)]
-        block = None if self._events_due else 200  # a side backlog is waiting: do not block
+        block = not self._events_due  # a side backlog is waiting: do not block
         if self._events_due:
             self._events_due, self._sides_due = False, True
-        entries = await read_group(
-            self.redis, self.group, self.replica, events, count=self.batch_size, block_ms=block
+        entries = await self._read_new(events)
+        if entries:
+            return [(events, entries)]
+        if block:  # wait (200 ms at most) for a newer entry, then read it through the script
+            await self.redis.xread({events: self._last_id[events]}, count=1, block=200)
+        return []
+
+    async def _read_new(self, stream: str) -> list[Entry]:
+        """New entries of ``stream`` for this replica, without blocking; what the hard cap cut
+        before them is recorded (bus/retention.py). Why not XREADGROUP BLOCK: a blocked read
+        could pass over entries the cap cut meanwhile without counting them; so the read loop
+        waits with a plain XREAD BLOCK and then reads here."""
+        entries, gap, self._last_id[stream] = await self.retention.read(
+            stream, self.group, self.replica, self.batch_size
         )
-        return [(events, entries)] if entries else []
+        if gap:
+            self._gaps.append(gap)
+        await self._record_gaps()
+        return entries
+
+    async def _record_gaps(self) -> None:
+        """Report the gaps settled by reads; one Redis refused stays for the next try."""
+        while self._gaps:
+            gap = self._gaps[0]
+            await self.retention.record(gap)
+            self._gaps.pop(0)
+            self.stats["lost"] += gap.count
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -395,30 +434,77 @@ class AsyncHookWorker:
     # -- liveness, claiming, retention ---------------------------------------------------------
 
     async def _keep_alive(self, stop: asyncio.Event) -> None:
-        last_trim = 0.0
+        """Heartbeat; keep this replica's in-flight entries its own; take over entries a silent
+        replica left; every 10 s, the retention pass. Three times per ``claim_idle_secs``, so
+        that an entry in flight never looks idle that long to another replica."""
+        interval = min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
+        last_beat = last_trim = 0.0
         while not stop.is_set():
             try:
-                await self.redis.zadd(self.keys.replicas(self.group), {self.replica: now_ms()})
+                if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
+                    await self._heartbeat()
+                    last_beat = time.monotonic()
                 for stream in self.streams:
-                    await self._claim(stream)
+                    await self._keep(stream)
+                    if not self._claimed:  # one claimed batch waiting is enough
+                        await self._claim(stream)
+                await self._record_gaps()
                 if time.monotonic() - last_trim > 10:
                     last_trim = time.monotonic()
-                    await trim_events(self.redis, self.keys, self.settings.events_maxlen)
-                    mine = (await group_backlogs(self.redis, self.keys.events)).get(self.group)
-                    if mine:
-                        self.backlog = (mine["lag"] or 0) + mine["pending"]
+                    await self._retention_pass()
             except ResponseError as exc:
                 log.debug("claim skipped: %s", exc)
             except UNREACHABLE as exc:
                 log.debug("keep-alive failed: %s", exc)
-            await asyncio.sleep(min(self.settings.heartbeat_secs, self.settings.claim_idle_secs))
+            await asyncio.sleep(interval)
+
+    async def _keep(self, stream: str) -> None:
+        """Reset the idle time of the entries this replica holds (XCLAIM … JUSTID: no new
+        delivery is counted), so that no other replica takes them over while the hook runs. An
+        entry stays held no longer than the hook's timeout, so a hook that hangs is still
+        bounded; entries claimed and waiting for the read loop are kept the same way."""
+        held = list(self._in_flight[stream])
+        for start in range(0, len(held), 1000):
+            await self.redis.xclaim(
+                stream, self.group, self.replica, 0, held[start : start + 1000], justid=True
+            )
+
+    async def _retention_pass(self) -> None:
+        events, *sides = self.streams
+        await self.retention.trim(events, self.settings.events_maxlen)
+        for side in sides:
+            audit = side == self.keys.audit
+            maxlen = self.settings.audit_maxlen if audit else self.settings.events_maxlen
+            await self.retention.trim(side, maxlen)
+        mine = (await group_backlogs(self.redis, events)).get(self.group)
+        if mine:
+            self.backlog = (mine["lag"] or 0) + mine["pending"]
+
+    async def _heartbeat(self, measure: bool = True) -> None:
+        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it."""
+        if measure:
+            await self.clock.measure(self.redis)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.replicas(self.group), {self.replica: self.clock.now_ms()})
+            if self.clock.measured:
+                pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
+            await pipe.execute()
 
     async def _claim(self, stream: str) -> None:
+        """Take over entries another replica left idle past ``claim_idle_secs`` (it died or
+        froze): they go to the read loop, or to the dead letters past ``max_deliveries``.
+        Pending entries the hard cap cut (XAUTOCLAIM's deleted ids) are dead-lettered."""
         idle_ms = int(self.settings.claim_idle_secs * 1000)
         result: Any = await self.redis.xautoclaim(
             stream, self.group, self.replica, idle_ms, start_id="0-0", count=self.batch_size
         )
+        held = self._in_flight[stream]
+        deleted = [i for i in (result[2] if len(result) > 2 else []) if i not in held]
+        if deleted:
+            await self.retention.record_trimmed(stream, self.group, deleted)
+            self.stats["lost"] += len(deleted)
         claimed = [(i, f) for i, f in cast(list[Entry], result[1]) if f is not None]
+        claimed = [(i, f) for i, f in claimed if i not in held]
         if not claimed:
             return
         self.stats["claimed"] += len(claimed)
@@ -428,8 +514,8 @@ class AsyncHookWorker:
         if give_up:
             await self._bury(stream, give_up, counts)
         if retry:
-            async with self._busy:
-                await self.process(stream, retry)
+            held.update(i for i, _ in retry)  # kept from now on, run by the read loop
+            self._claimed.append((stream, retry))
 
     async def _deliveries(self, stream: str, ids: list[bytes]) -> dict[bytes, int]:
         rows: Any = await self.redis.xpending_range(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -22,6 +24,7 @@ from opentelemetry import context as otel_context
 from redis.exceptions import RedisError
 
 from bus import telemetry
+from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.coordinator import Coordinator, dispatch_source
 from bus.dispatch import deadline_cap
 from bus.errors import InvalidInputError, ProtocolError
@@ -84,7 +87,13 @@ def read_request(data: bytes, kind: type[R]) -> tuple[R, HookContext]:
 
 
 async def decide(
-    coordinator: Coordinator, request: Asked, ctx: HookContext, *, source: str = ""
+    coordinator: Coordinator,
+    request: Asked,
+    ctx: HookContext,
+    *,
+    source: str = "",
+    sent_ms: int | None = None,
+    now: Callable[[], int] = now_ms,
 ) -> DecisionReply | None:
     """Dispatch one decision request with ``coordinator``: the reply to send back.
 
@@ -95,8 +104,10 @@ async def decide(
     its failure policy rather than failing the whole decision; only a dispatch still not done at
     the expiry (an overloaded service) gets the error reply "no decision within timeout_ms".
     ``source`` names who asked (the gateway's tenant) on the published event and audit records.
+    ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``.
     """
-    timeout = (request.ts + request.timeout_ms - now_ms()) / 1000
+    start = request.ts if sent_ms is None else sent_ms
+    timeout = (start + request.timeout_ms - now()) / 1000
     if timeout <= 0:
         return None
     cap = deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
@@ -135,7 +146,16 @@ class CoordinatorService:
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
         self.settings = settings
-        self.stats = {"answered": 0, "rejected": 0, "dead_lettered": 0, "expired": 0, "claimed": 0}
+        self.stats = {
+            "answered": 0,
+            "rejected": 0,
+            "dead_lettered": 0,
+            "expired": 0,
+            "claimed": 0,
+            "agent_clock_skewed": 0,
+        }
+        self.expired = ExpiredDrops(log, "decision requests")
+        self._skew_logged_at = -1e9
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self.ready = asyncio.Event()
 
@@ -154,6 +174,7 @@ class CoordinatorService:
             if self._in_flight:
                 await asyncio.wait(list(self._in_flight.values()), timeout=30)
             await self.coordinator.close()
+            self.expired.flush()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
 
     async def _ensure_group(self) -> None:
@@ -203,6 +224,7 @@ class CoordinatorService:
                     self._start(entry_id, fields)
             except UNREACHABLE as exc:
                 log.debug("claiming failed: %s", exc)
+            self.expired.tick()
             await asyncio.sleep(self.settings.claim_idle_secs / 3)
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
@@ -216,15 +238,45 @@ class CoordinatorService:
         except InvalidInputError as exc:
             await self._reject(entry_id, data, exc)
             return
-        reply = await decide(self.coordinator, request, ctx)
+        sent = self._sent(entry_id, request)
+        reply = await decide(self.coordinator, request, ctx, sent_ms=sent, now=self._now)
         if reply is None:
+            late = (self._now() - sent - request.timeout_ms) / 1000
             self.stats["expired"] += 1
-            log.info("decision request %s expired before it was read; dropped", request.id)
+            self.expired.drop(f"request {request.id} for {request.event}, {late:.3f} s late")
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
                 await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
             return
         await self._send(entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
+
+    def _now(self) -> int:
+        return self.coordinator.clock.now_ms()
+
+    def _sent(self, entry_id: bytes, request: DecisionRequest) -> int:
+        """When the request's ``timeout_ms`` starts: its ``ts``, unless that is further than the
+        clock bound from when Redis took it (the entry id's milliseconds, on Redis's clock): an
+        agent whose clock is off must not have its requests dropped (or kept) by that error."""
+        try:
+            taken = int(entry_id.split(b"-", 1)[0])
+        except ValueError:
+            return request.ts
+        off = request.ts - taken
+        if abs(off) <= MAX_SKEW_MS:
+            return request.ts
+        self.stats["agent_clock_skewed"] += 1
+        now = time.monotonic()
+        if now - self._skew_logged_at >= 60:
+            self._skew_logged_at = now
+            log.error(
+                "decision request %s has a ts %s Redis's clock (bound %g s): the agent's clock "
+                "is not in sync; its timeout_ms counts from when Redis took it (%d such so far)",
+                request.id,
+                describe(off),
+                MAX_SKEW_MS / 1000,
+                self.stats["agent_clock_skewed"],
+            )
+        return taken
 
     async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""

@@ -155,7 +155,7 @@ class Stack:
         with contextlib.ExitStack() as files:
             out = files.enter_context(path.open("ab")) if path is not None else None
             popen = subprocess.Popen(
-                [sys.executable, "-m", "bus.cli", *service.args],
+                [sys.executable, "-m", "workers.cli", *service.args],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -181,7 +181,7 @@ class Stack:
     async def pending(self, redis: Any, keys: Keys, settings: BusSettings) -> list[str]:
         """The children not ready yet: a hook replica without a fresh heartbeat under its own
         pid; a coordinator while its consumer group does not exist (``coordinator --check``)."""
-        from bus.cli import coordinator_status
+        from workers.cli.check import coordinator_status
 
         live_ms = settings.liveness_secs * 1000
         now = now_ms()
@@ -329,7 +329,7 @@ def up(
     out: TextIO = sys.stdout,
 ) -> int:
     """``hookbus up``: start the stack, say what runs, run until Ctrl-C or SIGTERM."""
-    from bus.cli import _redacted
+    from workers.cli.common import redacted as _redacted
 
     def say(*lines: str, error: bool = False) -> None:
         stream = sys.stderr if error else out

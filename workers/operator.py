@@ -3,7 +3,7 @@
 The async functions take a redis-py asyncio client (bytes in and out, as ``bus.redis_io.connect``
 makes it) and the Keys, and return plain data; the ``render_*`` helpers turn that data into
 ``rich`` renderables. ``hookbus hooks list``, ``lag``, ``events tail``, ``dlq …`` and ``metrics``
-(bus/cli.py) are thin wrappers around the two.
+(workers/cli/) are thin wrappers around the two.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from rich.text import Text
 from bus.breakglass import BreakGlass, switch
 from bus.coordinator import AUDIT_MAXLEN
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
+from bus.hooks import MODES
 from bus.keys import WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
@@ -83,18 +84,32 @@ class HookRow:
     replicas: int = 0  # replicas in the zset, live or not
     last_heartbeat_secs: float | None = None  # seconds since the freshest heartbeat
     problem: str = ""
+    mode: str = ""  # the mode coordinators apply: the operator's override, else the manifest's
+    mode_set_by_operator: bool = False  # `hookbus hooks mode` set it ({p}:modes)
+    stopped_secs: float | None = None  # seconds since a replica last stopped cleanly
+
+    @property
+    def stopped(self) -> bool:
+        """No live replica, and the last thing a replica did was stop cleanly."""
+        if self.live or self.stopped_secs is None:
+            return False
+        return self.last_heartbeat_secs is None or self.stopped_secs <= self.last_heartbeat_secs
 
 
 async def list_hooks(
-    redis: Redis, keys: Keys, liveness_secs: float, now: int | None = None
+    redis: Redis, keys: Keys, liveness_secs: float, now: int | None = None, *, modes: bool = True
 ) -> list[HookRow]:
-    """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``."""
+    """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``.
+    ``modes=False``: do not read ``{p}:modes`` (a worker's health check may not), so every
+    row shows its manifest's mode."""
     now = now_ms() if now is None else now
     manifests: Any = await redis.hgetall(keys.hooks)
+    overrides: Any = await redis.hgetall(keys.modes) if modes else {}
+    mode_of = {_text(k): _text(v) for k, v in overrides.items()}
     rows: list[HookRow] = []
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
-        live, total, last = await _replicas(redis, keys, name, liveness_secs, now)
+        live, total, last, stopped = await _replicas(redis, keys, name, liveness_secs, now)
         try:
             manifest = decode(value, HookManifest)
             if manifest.name != name:
@@ -105,9 +120,19 @@ async def list_hooks(
         except HookBusError as exc:
             problem = "malformed manifest: " + str(exc).removeprefix("malformed HookManifest: ")
             rows.append(
-                HookRow(name, live=live, replicas=total, last_heartbeat_secs=last, problem=problem)
+                HookRow(
+                    name,
+                    live=live,
+                    replicas=total,
+                    last_heartbeat_secs=last,
+                    problem=problem,
+                    stopped_secs=stopped,
+                )
             )
             continue
+        # As coordinators decide it (bus/directory.py): an override that is no mode is ignored.
+        override = mode_of.get(name)
+        by_operator = override in MODES
         rows.append(
             HookRow(
                 name=name,
@@ -122,6 +147,9 @@ async def list_hooks(
                 live=live,
                 replicas=total,
                 last_heartbeat_secs=last,
+                mode=override if by_operator and override else manifest.mode,
+                mode_set_by_operator=by_operator,
+                stopped_secs=stopped,
             )
         )
     return rows
@@ -129,17 +157,24 @@ async def list_hooks(
 
 async def _replicas(
     redis: Redis, keys: Keys, name: str, liveness_secs: float, now: int
-) -> tuple[int, int, float | None]:
+) -> tuple[int, int, float | None, float | None]:
+    """Live replicas, replicas, seconds since the last heartbeat and since the last clean stop."""
     try:
         check_name("hook name", name)
     except HookBusError:
-        return 0, 0, None
+        return 0, 0, None, None
     beats: Any = await redis.zrange(keys.replicas(name), 0, -1, withscores=True)
-    if not beats:
-        return 0, 0, None
-    scores = [float(score) for _, score in beats]
+    stopped = None
+    scores = []
+    for member, score in beats:
+        if _text(member) == Keys.STOPPED_MEMBER:
+            stopped = _secs(now + float(score))  # scored -(epoch ms of the stop)
+        else:
+            scores.append(float(score))
+    if not scores:
+        return 0, 0, None, stopped
     live = sum(1 for s in scores if now - s <= liveness_secs * 1000)
-    return live, len(scores), _secs(now - max(scores))
+    return live, len(scores), _secs(now - max(scores)), stopped
 
 
 # -- lag --------------------------------------------------------------------------------------
@@ -543,21 +578,26 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
         return Text(f"no hooks registered in {keys.hooks}")
     title = f"hooks in {keys.hooks} (live: heartbeat within {liveness_secs:g}s)"
     table = _table(
-        title, "hook", "kind", "events", "match", "policy", "priority", "timeout", "live",
-        "last beat",
+        title, "hook", "kind", "mode", "events", "match", "policy", "priority", "timeout",
+        "live", "last beat",
     )  # fmt: skip
     if any(r.problem for r in rows):
         table.add_column("problem", overflow="fold")
     for r in rows:
-        last = _ago(r.last_heartbeat_secs) if r.replicas else "never"
+        if r.stopped:
+            last = f"stopped {_ago(r.stopped_secs)} ago"
+        else:
+            last = _ago(r.last_heartbeat_secs) if r.replicas else "never"
         live = f"{r.live} of {r.replicas}" if r.replicas != r.live else str(r.live)
         if r.problem:
-            _row(table, r.name, "?", "-", "-", "-", "-", "-", live, last, r.problem, style="red")
+            cells = (r.name, "?", "-", "-", "-", "-", "-", "-", live, last, r.problem)
+            _row(table, *cells, style="red")
             continue
         match = [f"tool {p}" for p in r.tool_names] + [f"content {p}" for p in r.tool_content]
         cells: list[object] = [
             r.name,
             r.kind if r.scope != "session" else f"{r.kind} (session)",
+            f"{r.mode} (operator)" if r.mode_set_by_operator else r.mode,
             ", ".join(r.events) or "all",
             "; ".join(match) or "any",
             r.failure_policy,
@@ -566,7 +606,7 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
             live,
             last,
         ]
-        if len(table.columns) > 9:
+        if len(table.columns) > 10:
             cells.append("")
         _row(table, *cells, style="" if r.live else "yellow")
     return table

@@ -100,6 +100,7 @@ class LocalCluster:
             self.close()
             raise ConfigError(f"redis-cli --cluster create failed: {created.stdout[-800:]}")
         self.wait_ok(timeout)
+        self.wait_replicas_synced(timeout)
         return self
 
     def info(self, node: RedisServer, *command: str) -> str:
@@ -120,6 +121,17 @@ class LocalCluster:
                     return
             time.sleep(0.1)
         raise ConfigError(f"the cluster did not become ready within {timeout}s")
+
+    def wait_replicas_synced(self, timeout: float = 30.0) -> None:
+        """Until every master has all its replicas online (their first full sync done), so
+        that replication (and ``WAIT``) works from the first write."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = [self.info(self.node(p), "info", "replication") for p in self.master_ports()]
+            if all(s.count("state=online") == self.replicas for s in states):
+                return
+            time.sleep(0.1)
+        raise ConfigError(f"the replicas did not finish their first sync within {timeout}s")
 
     def master_ports(self, node: RedisServer | None = None) -> list[int]:
         """Ports of the masters that serve slots, as ``node`` sees the cluster."""

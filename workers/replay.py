@@ -13,9 +13,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from bus.errors import InvalidInputError
-from bus.keys import Keys
-from bus.protocol import DATA_FIELD
+from bus.errors import ConfigError, InvalidInputError, ProtocolError
+from bus.keys import Keys, check_name
+from bus.protocol import DATA_FIELD, HookManifest, decode
 
 _DATA = DATA_FIELD.encode()
 CHUNK = 500
@@ -38,6 +38,27 @@ def parse_position(text: str) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return f"{int(moment.timestamp() * 1000)}-0"
+
+
+async def check_replayable(redis: Redis, keys: Keys, hook: str) -> None:
+    """Refuse to re-feed a hook that would never read its replay stream: one that is not
+    registered (a typo, or retired), or a sync hook (only async hooks read a replay stream)."""
+    check_name("hook name", hook)
+    raw: Any = await redis.hget(keys.hooks, hook)
+    if raw is None:
+        raise ConfigError(
+            f"no hook named {hook!r} is registered in {keys.hooks}: nothing would read "
+            f"{keys.replay(hook)} (see hookbus hooks list)"
+        )
+    try:
+        kind = decode(raw, HookManifest).kind
+    except ProtocolError as exc:
+        raise ConfigError(f"the manifest of {hook!r} does not decode: {exc}") from None
+    if kind != "async":
+        raise ConfigError(
+            f"{hook} is a {kind} hook: only async hooks read a replay stream (a sync hook "
+            "answers requests as they come; there is nothing to re-feed it)"
+        )
 
 
 async def replay_range(

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
+from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.dispatch import eager
 from bus.errors import ConfigError, ProtocolError
 from bus.events import tool_of
@@ -48,7 +49,15 @@ from bus.protocol import (
     new_id,
     now_ms,
 )
-from bus.redis_io import Entry, connect, consume, dead_letter, ensure_group, keep_and_claim
+from bus.redis_io import (
+    Entry,
+    connect,
+    consume,
+    dead_letter,
+    ensure_group,
+    keep_and_claim,
+    retire_replica,
+)
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.worker")
@@ -108,6 +117,9 @@ class HookWorker:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
         self.redis = connect(settings)
         self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0}
+        # Deadlines are on Redis's clock (bus/clock.py); drops past them are counted and logged.
+        self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
+        self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
@@ -126,13 +138,16 @@ class HookWorker:
         self.manifest = encode(manifest)
         await self.redis.hset(self.keys.hooks, self.spec.name, self.manifest)
         await self._ensure_group()
-        await self.redis.zadd(self.keys.replicas(self.spec.name), {self.replica: now_ms()})
+        await self.clock.measure(self.redis, START_SAMPLES)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self._beat(pipe)
+            await pipe.execute()
         await self._announce("manifest")
         self.registered.set()
         log.info("hook %s replica %s serving %s", self.spec.name, self.replica, self.stream)
 
     async def deregister(self) -> None:
-        await self.redis.zrem(self.keys.replicas(self.spec.name), self.replica)
+        await retire_replica(self.redis, self.keys, self.spec.name, self.replica)
         await self._announce("deregister")
         with contextlib.suppress(ResponseError):
             await self.redis.xgroup_delconsumer(self.stream, WORKERS_GROUP, self.replica)
@@ -169,6 +184,7 @@ class HookWorker:
                 result = close()
                 if asyncio.iscoroutine(result):
                     await result
+            self.expired.flush()
             log.info("hook %s replica %s stopped: %s", self.spec.name, self.replica, self.stats)
 
     async def _retry(self, fn: Any, stop: asyncio.Event) -> None:
@@ -240,11 +256,12 @@ class HookWorker:
             await self._refuse(data or b"", exc)
             await self._ack(entry_id)
             return
-        remaining = (request.deadline - now_ms()) / 1000
+        remaining = (request.deadline - self.clock.now_ms()) / 1000
         if remaining <= 0:
             self.stats["expired"] += 1
-            log.info(
-                "request %s for %s arrived past its deadline; dropped", request.id, request.event
+            self.expired.drop(
+                f"request {request.id} for {request.event} read {-remaining:.3f} s after its "
+                f"deadline; this clock's offset from Redis's: {self.clock.offset_ms:+d} ms"
             )
             await self._ack(entry_id)
             return
@@ -255,6 +272,7 @@ class HookWorker:
             outcome = await self._run_hook(request, ctx, remaining)
         if outcome is None:
             self.stats["expired"] += 1
+            self.expired.drop(f"request {request.id} for {request.event} ran past its deadline")
             await self._ack(entry_id)  # the coordinator has given up on it: no reply
             return
         status, action, error = outcome
@@ -372,14 +390,23 @@ class HookWorker:
                     await self._start(entry_id, fields)
             except (RedisError, OSError) as exc:
                 log.debug("keep-alive failed: %s", exc)
+            self.expired.tick()
             await asyncio.sleep(interval)
 
+    def _beat(self, pipe: Any) -> None:
+        """The heartbeat (on Redis's clock), with this replica's clock offset beside it."""
+        pipe.zadd(self.keys.replicas(self.spec.name), {self.replica: self.clock.now_ms()})
+        if self.clock.measured:
+            pipe.hset(self.keys.clocks(self.spec.name), self.replica, self.clock.offset_ms)
+
     async def _heartbeat(self) -> None:
-        """Say this replica is alive; restore the manifest if Redis lost it (a restart)."""
+        """Measure the clock, say this replica is alive; restore the manifest if Redis lost it
+        (a restart)."""
+        await self.clock.measure(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(self.keys.replicas(self.spec.name), {self.replica: now_ms()})
             pipe.hsetnx(self.keys.hooks, self.spec.name, self.manifest)
-            _, restored = await pipe.execute()
+            self._beat(pipe)
+            restored = (await pipe.execute())[0]
         if restored:
             log.warning("manifest of %s was missing (Redis restarted?); restored", self.spec.name)
             await self._ensure_group()

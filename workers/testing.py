@@ -3,7 +3,7 @@ test against a real worker process on a private Redis.
 
 ::
 
-    from bus.testing import context, dispatch, served
+    from workers.testing import context, dispatch, served
 
     result = await dispatch(MyHook(), "PreToolUse", tool_args={"path": ".env"})
     assert result.is_blocked                                 # tool_name defaults to file_read
@@ -81,7 +81,7 @@ async def served(
     settings = BusSettings(redis_url=url, prefix=prefix or f"test{os.getpid()}", refresh_secs=0.2)
     env = {**os.environ, "HOOKBUS_REDIS_URL": url, "HOOKBUS_PREFIX": settings.prefix}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "bus.cli", "worker", target],
+        [sys.executable, "-m", "workers.cli", "worker", target],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -1,0 +1,179 @@
+"""Health checks for containers: ``hookbus check``, ``worker MODULE:CLASS --check`` and
+``coordinator --check``. One line and an exit code: 0 healthy, 1 not, 2 bad usage."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from bus.settings import BusSettings
+from workers.cli.common import add_redis_options, plural, redacted, settings_of, text
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from bus.keys import Keys
+
+#: A check that gets no answer within this many seconds fails (probes allow a few more).
+CHECK_TIMEOUT_SECS = 3.0
+Probe = Callable[["Redis", "Keys", BusSettings], Awaitable[tuple[bool, str]]]
+
+
+def on_host(member: str, host: str) -> bool:
+    """Whether a replica or coordinator id (``HOST-PID-RANDOM``, workers/worker.py and
+    bus/coordinator.py) names a process on ``host``."""
+    if not member.startswith(host + "-"):
+        return False
+    return re.fullmatch(r"\d+-[0-9a-f]+", member[len(host) + 1 :]) is not None
+
+
+async def hook_status(
+    redis: Redis, keys: Keys, settings: BusSettings, hook: str, host: str | None = None
+) -> tuple[bool, str]:
+    """Whether ``hook`` has a live replica (on ``host`` only, if given), and a line saying so."""
+    from bus.protocol import now_ms
+    from workers.operator import list_hooks
+
+    hooks = await list_hooks(redis, keys, settings.liveness_secs, modes=False)
+    rows = [r for r in hooks if r.name == hook]
+    if not rows:
+        return False, f"hook {hook} is not registered in {keys.hooks}"
+    live_ms = settings.liveness_secs * 1000
+    if host is None:
+        live, total, last = rows[0].live, rows[0].replicas, rows[0].last_heartbeat_secs
+    else:
+        beats: Any = await redis.zrange(keys.replicas(hook), 0, -1, withscores=True)
+        now = now_ms()
+        ages = [now - float(s) for m, s in beats if on_host(text(m), host)]
+        live, total = sum(1 for a in ages if a <= live_ms), len(ages)
+        last = max(0.0, min(ages) / 1000) if ages else None
+    where = f" on {host}" if host is not None else ""
+    if live:
+        return True, f"hook {hook}: {live} live replica{plural(live)}{where} (of {total})"
+    if last is None:
+        return False, f"hook {hook} has no replica{where} in {keys.replicas(hook)}"
+    return False, (
+        f"hook {hook} has no live replica{where}: last heartbeat {last:.1f}s ago "
+        f"(live means within {settings.liveness_secs:g}s)"
+    )
+
+
+async def coordinator_status(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+    """Whether the coordinator service is up, as far as Redis can tell: Redis answers and the
+    group ``coordinators`` on ``{p}:decisions`` exists (each replica creates it at start).
+
+    Not which replica reads: Redis before 7.2 neither lists a consumer that has not been handed
+    an entry yet nor refreshes its idle time on an empty blocking read, so consumer activity
+    says nothing about an idle coordinator.
+    """
+    from redis.exceptions import ResponseError
+
+    from bus.keys import COORDINATORS_GROUP
+
+    try:
+        groups: Any = await redis.xinfo_groups(keys.decisions)
+    except ResponseError as exc:
+        if "no such key" not in str(exc):
+            raise
+        groups = []
+    mine = [g for g in groups if text(g["name"]) == COORDINATORS_GROUP]
+    if not mine:
+        return False, (
+            f"no coordinator has started: {keys.decisions} has no group {COORDINATORS_GROUP}"
+        )
+    group = mine[0]
+    lag = "?" if group.get("lag") is None else str(group["lag"])
+    return True, (
+        f"coordinator group {COORDINATORS_GROUP} on {keys.decisions} exists "
+        f"({group['consumers']} consumers, {group['pending']} pending, lag {lag})"
+    )
+
+
+async def ping(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+    await redis.ping()
+    return True, f"Redis at {redacted(settings.redis_url)} answers"
+
+
+def run_check(args: argparse.Namespace, probe: Probe) -> int:
+    """One line and an exit code: 0 healthy, 1 not (or Redis did not answer), 2 bad usage."""
+    from bus.keys import Keys
+    from bus.redis_io import connect
+
+    settings = settings_of(args)
+    url = redacted(settings.redis_url)
+
+    async def run() -> tuple[bool, str]:
+        redis = connect(settings)
+        try:
+            return await asyncio.wait_for(
+                probe(redis, Keys(settings.prefix), settings), CHECK_TIMEOUT_SECS
+            )
+        finally:
+            await redis.aclose()
+
+    try:
+        ok, message = asyncio.run(run())
+    except TimeoutError:
+        ok, message = False, f"no answer from Redis at {url} within {CHECK_TIMEOUT_SECS:g}s"
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        ok, message = False, f"cannot reach Redis at {url}: {exc}"
+    except RedisError as exc:
+        ok, message = False, f"Redis at {url} refused the check: {exc}"
+    if ok:
+        print(f"ok: {message}")
+        return 0
+    print(f"hookbus: {message}", file=sys.stderr)
+    return 1
+
+
+def worker_check(args: argparse.Namespace) -> int:
+    from bus.hooks import spec_of
+    from workers.worker import load_hook
+
+    name = spec_of(load_hook(args.hook)).name
+    host = socket.gethostname() if args.here else None
+
+    async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+        from workers.health import clock_checked  # and the clocks: workers/health.py
+
+        return await clock_checked(hook_status, redis, keys, settings, name, host)
+
+    return run_check(args, probe)
+
+
+def coordinator_check(args: argparse.Namespace) -> int:
+    return run_check(args, coordinator_status)
+
+
+def _check(args: argparse.Namespace) -> int:
+    return run_check(args, ping)
+
+
+def add_check_options(p: argparse.ArgumentParser, healthy: str, here: bool = True) -> None:
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help=f"health check, do not serve: exit 0 if {healthy}, else 1, with one line",
+    )
+    if here:
+        p.add_argument(
+            "--here",
+            action="store_true",
+            help="with --check: count only replicas on this host (this container or pod)",
+        )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = add_redis_options(
+        sub.add_parser("check", help="health check: exit 0 if Redis answers (PING), else 1")
+    )
+    check.set_defaults(func=_check)

@@ -1,0 +1,115 @@
+"""What every ``hookbus`` command shares: settings from the options, one Redis client per
+command, serving until a signal, one-line errors, and the Redis URL without its password."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import signal
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from bus.errors import HookBusError
+from bus.settings import BusSettings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from bus.keys import Keys
+
+T = TypeVar("T")
+
+
+def settings_of(args: argparse.Namespace) -> BusSettings:
+    """The bus settings: the environment, overridden by ``--redis`` and ``--prefix``."""
+    settings = BusSettings.from_env(redis_url=getattr(args, "redis", None))
+    if getattr(args, "prefix", None):
+        import msgspec
+
+        settings = msgspec.structs.replace(settings, prefix=args.prefix)
+    return settings
+
+
+def serve(main: Callable[[asyncio.Event], Awaitable[None]], role: str) -> int:
+    """Run a service until SIGTERM or Ctrl-C, then let it shut down cleanly."""
+    from bus import telemetry
+
+    telemetry.configure(role)
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    try:
+        asyncio.run(runner())
+    finally:
+        telemetry.shutdown()  # flush the last spans
+    return 0
+
+
+def with_redis(
+    args: argparse.Namespace, work: Callable[[Redis, Keys, BusSettings], Awaitable[T]]
+) -> T:
+    """Run ``work`` with a client on the bus's Redis, closed afterwards."""
+    from bus.keys import Keys
+    from bus.redis_io import connect
+
+    settings = settings_of(args)
+
+    async def run() -> T:
+        redis = connect(settings)
+        try:
+            return await work(redis, Keys(settings.prefix), settings)
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def add_redis_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--redis", metavar="URL", help="Redis URL (default: $HOOKBUS_REDIS_URL)")
+    p.add_argument("--prefix", help="key prefix (default: $HOOKBUS_PREFIX or hookbus)")
+    return p
+
+
+def text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def plural(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def duration(value: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m`` or ``2h``."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", value.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration like 900, 900s, 15m or 2h")
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+class UsageError(HookBusError):
+    """A bad option value (reported as one line, like every HookBusError)."""
+
+
+def redacted(url: str) -> str:
+    """The URL without its password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def redis_url(args: argparse.Namespace) -> str:
+    """The Redis URL a command uses, without its password ("?" if it is malformed)."""
+    try:
+        return redacted(settings_of(args).redis_url)
+    except HookBusError:
+        return "?"

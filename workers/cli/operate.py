@@ -1,0 +1,421 @@
+"""The commands that look at and steer a running bus: ``hooks``, ``lag``, ``events tail``,
+``dlq``, ``metrics``, ``replay``, ``cancel``, ``breakglass`` and ``audit``. The Redis side of each
+is in workers/operator.py (and workers/replay.py); these are thin wrappers that print."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from bus.errors import ConfigError
+from bus.settings import BusSettings
+from workers.cli.common import UsageError, add_redis_options, duration, settings_of, with_redis
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from bus.keys import Keys
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from bus.keys import Keys
+    from bus.redis_io import connect
+    from workers.replay import check_replayable, replay_dead_letters, replay_range
+
+    settings = settings_of(args)
+
+    async def replay() -> int:
+        redis = connect(settings)
+        try:
+            keys = Keys(settings.prefix)
+            await check_replayable(redis, keys, args.hook)
+            if args.dlq:
+                return await replay_dead_letters(redis, keys, args.hook)
+            return await replay_range(redis, keys, args.hook, args.start, args.end)
+        finally:
+            await redis.aclose()
+
+    count = asyncio.run(replay())
+    source = "dead letters" if args.dlq else "events"
+    print(f"re-fed {count} {source} to {args.hook}")
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from agent_adapter.client import HookClient
+
+    async def cancel() -> None:
+        client = HookClient(settings_of(args))
+        try:
+            await client.cancel(args.session_id)
+        finally:
+            await client.redis.aclose()
+
+    asyncio.run(cancel())
+    print(f"session {args.session_id} cancelled: its next tool call will be blocked")
+    return 0
+
+
+def _hooks_list(args: argparse.Namespace) -> int:
+    from workers.operator import list_hooks, make_console, render_hooks
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        rows = await list_hooks(redis, keys, settings.liveness_secs)
+        make_console().print(render_hooks(rows, keys, settings.liveness_secs))
+
+    with_redis(args, work)
+    return 0
+
+
+def _hooks_mode(args: argparse.Namespace) -> int:
+    """Switch a hook between enforce, warn and dryrun without redeploying it."""
+    from bus.protocol import ControlMessage, encode
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        if not await redis.hexists(keys.hooks, args.name):
+            raise ConfigError(f"no hook named {args.name!r} is registered (see hookbus hooks list)")
+        await redis.hset(keys.modes, args.name, args.mode)
+        # Coordinators refresh their directory at once on this announcement.
+        await redis.publish(keys.control, encode(ControlMessage(type="manifest", name=args.name)))
+        print(f"hook {args.name} is now in {args.mode} mode")
+
+    with_redis(args, work)
+    return 0
+
+
+def _breakglass(args: argparse.Namespace) -> int:
+    """Switch the audited bypass of every enforcing hook on or off, or show it."""
+    from bus.errors import ProtocolError
+    from workers.operator import breakglass_off, breakglass_on, breakglass_status
+
+    def until(ms: int) -> str:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        if args.switch == "on":
+            on = await breakglass_on(redis, keys, args.reason, args.seconds, args.by)
+            print(
+                f"break-glass is ON until {until(on.until_ms)}: every enforcing hook is "
+                "applied as a warning (recorded in the audit trail); P0-P2 permission denials "
+                "still hold, and so do cancellations. End it with: hookbus breakglass off"
+            )
+        elif args.switch == "off":
+            was = await breakglass_off(redis, keys, args.by)
+            print("break-glass is off: hooks are enforced" + (" again" if was else ""))
+        else:
+            try:
+                glass = await breakglass_status(redis, keys)
+            except ProtocolError as exc:
+                print(f"break-glass is off: {keys.breakglass} holds something else ({exc}); "
+                      "coordinators ignore it, `hookbus breakglass off` clears it")  # fmt: skip
+                return
+            if glass is None:
+                print("break-glass is off")
+            else:
+                print(f"break-glass is ON until {until(glass.until_ms)}, by {glass.by}: "
+                      f"{glass.reason}")  # fmt: skip
+
+    with_redis(args, work)
+    return 0
+
+
+def _lag(args: argparse.Namespace) -> int:
+    from workers.operator import consumer_lag, make_console, render_lag
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        rows = await consumer_lag(redis, keys, settings.events_maxlen, settings.requests_maxlen)
+        make_console().print(render_lag(rows))
+
+    with_redis(args, work)
+    return 0
+
+
+def _events_tail(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from bus.events import HookEvent
+    from workers.operator import (
+        event_matches,
+        events_end,
+        follow_events,
+        make_console,
+        render_event,
+    )
+
+    events = {HookEvent.parse(e).value for e in args.event or ()}
+    sessions = set(args.session or ())
+    if args.count is not None and args.count <= 0:
+        raise UsageError("--count must be a positive number of events")
+    out, err = make_console(), make_console(stderr=True)
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        start = await events_end(redis, keys)
+        err.print(f"following {keys.events} after {start} (Ctrl-C to stop)", markup=False)
+        shown = 0
+        async with contextlib.aclosing(follow_events(redis, keys, start, stop)) as stream:
+            async for event in stream:
+                if event.problem:  # not an event at all: said on stderr, never counted
+                    err.print(render_event(event), soft_wrap=True)
+                    continue
+                if not event_matches(event, sessions, events):
+                    continue
+                out.print(render_event(event), soft_wrap=True)
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    return
+
+    with_redis(args, work)
+    return 0
+
+
+def _dlq_list(args: argparse.Namespace) -> int:
+    from bus.keys import check_name
+    from workers.operator import list_dead_letters, make_console, render_dead_letters
+
+    hook = check_name("hook name", args.hook) if args.hook else None
+    if args.limit <= 0:
+        raise UsageError("--limit must be a positive number of entries")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        letters, more = await list_dead_letters(redis, keys, hook, args.limit)
+        make_console().print(render_dead_letters(letters, more, keys, hook))
+
+    with_redis(args, work)
+    return 0
+
+
+def _audit_list(args: argparse.Namespace) -> int:
+    from workers.operator import list_audit, make_console, render_audit
+
+    if args.limit <= 0:
+        raise UsageError("--limit must be a positive number of entries")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        records, broken = await list_audit(redis, keys, args.limit)
+        make_console().print(render_audit(records, broken, keys))
+
+    with_redis(args, work)
+    return 0
+
+
+def _dlq_show(args: argparse.Namespace) -> int:
+    from workers.operator import check_stream_id, get_dead_letter, make_console, render_dead_letter
+
+    entry_id = check_stream_id(args.id)
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+        letter = await get_dead_letter(redis, keys, entry_id)
+        if letter is None:
+            print(f"hookbus: no dead letter {entry_id} in {keys.dlq}", file=sys.stderr)
+            return 1
+        make_console().print(render_dead_letter(letter))
+        return 0
+
+    return with_redis(args, work)
+
+
+def _with_progress(
+    total: int, what: str, run: Callable[[Callable[[int], None] | None], int]
+) -> int:
+    """``run(progress)``, with a progress bar on stderr when there are many entries."""
+    from rich.progress import Progress
+
+    from workers.operator import MANY, make_console
+
+    if total < MANY:
+        return run(None)
+    with Progress(console=make_console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        return run(lambda n: bar.advance(task, n))
+
+
+def _dlq_replay(args: argparse.Namespace) -> int:
+    from bus.keys import check_name
+    from workers.operator import count_dead_letters, list_hooks
+    from workers.replay import check_replayable, replay_dead_letters
+
+    hook = check_name("hook name", args.hook)
+
+    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, int, str]:
+        await check_replayable(redis, keys, hook)
+        total, _ = await count_dead_letters(redis, keys, hook)
+        rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
+        return total, rows[0].live if rows else 0, keys.replay(hook)
+
+    total, live, replay_stream = with_redis(args, count)
+    if total == 0:
+        print(f"no dead letters of {hook}: nothing re-fed")
+        return 0
+
+    def run(progress: Callable[[int], None] | None) -> int:
+        async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+            return await replay_dead_letters(redis, keys, hook, progress)
+
+        return with_redis(args, work)
+
+    done = _with_progress(total, f"re-feeding {hook}", run)
+    print(f"re-fed {_entries(done)} to {hook}")
+    if not live:
+        print(f"note: {hook} has no live replica; they wait in {replay_stream} until one starts")
+    return 0
+
+
+def _dlq_purge(args: argparse.Namespace) -> int:
+    from bus.keys import check_name
+    from workers.operator import count_dead_letters, purge_dead_letters
+
+    hook = check_name("hook name", args.hook) if args.hook else None
+    whose = f" of {hook}" if hook else ""
+
+    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, str | None]:
+        return await count_dead_letters(redis, keys, hook)
+
+    total, newest = with_redis(args, count)
+    if total == 0 or newest is None:
+        print(f"no dead letters{whose}: nothing to delete")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                f"hookbus: not deleting {_entries(total)}{whose} without confirmation; "
+                "stdin is not a terminal, so pass --yes",
+                file=sys.stderr,
+            )
+            return 2
+        from rich.prompt import Confirm
+
+        try:
+            sure = Confirm.ask(f"delete {_entries(total)}{whose}?", default=False)
+        except EOFError:
+            sure = False
+        if not sure:
+            print("nothing deleted")
+            return 0
+
+    def run(progress: Callable[[int], None] | None) -> int:
+        async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+            return await purge_dead_letters(redis, keys, hook, newest, progress)
+
+        return with_redis(args, work)
+
+    done = _with_progress(total, "deleting", run)
+    print(f"deleted {_entries(done)}{whose}")
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from workers.operator import collect_metrics, make_console, render_metrics
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        make_console().print(render_metrics(await collect_metrics(redis, keys)))
+
+    with_redis(args, work)
+    return 0
+
+
+def _entries(n: int) -> str:
+    return f"{n} dead letter" + ("" if n == 1 else "s")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    replay = add_redis_options(sub.add_parser("replay", help="re-feed events to one async hook"))
+    replay.add_argument("hook", help="the async hook's name")
+    replay.add_argument("--from", dest="start", default="-", help="first event (id or time)")
+    replay.add_argument("--to", dest="end", default="+", help="last event (id or time)")
+    replay.add_argument("--dlq", action="store_true", help="re-feed the hook's dead letters")
+    replay.set_defaults(func=_replay)
+
+    cancel = add_redis_options(sub.add_parser("cancel", help="cancel a session wherever it runs"))
+    cancel.add_argument("session_id")
+    cancel.set_defaults(func=_cancel)
+
+    hooks = sub.add_parser("hooks", help="the hooks registered on the bus")
+    hooks_sub = hooks.add_subparsers(dest="action", required=True, metavar="ACTION")
+    hooks_list = add_redis_options(
+        hooks_sub.add_parser("list", help="every hook: kind, events, filters, live replicas")
+    )
+    hooks_list.set_defaults(func=_hooks_list)
+    hooks_mode = add_redis_options(
+        hooks_sub.add_parser("mode", help="enforce, warn or dryrun a hook, without redeploying")
+    )
+    hooks_mode.add_argument("name", help="the hook's name")
+    hooks_mode.add_argument("mode", choices=["enforce", "warn", "dryrun"])
+    hooks_mode.set_defaults(func=_hooks_mode)
+
+    glass = sub.add_parser(
+        "breakglass",
+        help="an audited, time-limited bypass: every enforcing hook only warns (on, off, status)",
+    )
+    glass_sub = glass.add_subparsers(dest="switch", required=True, metavar="ACTION")
+    who = f"{os.environ.get('USER', 'operator')}@{socket.gethostname()}"
+    glass_on = add_redis_options(
+        glass_sub.add_parser("on", help="switch the bypass on, with a reason")
+    )
+    glass_on.add_argument("--reason", required=True, help="why (goes to the audit trail)")
+    glass_on.add_argument(
+        "--for", dest="seconds", type=duration, default=900.0, metavar="DURATION",
+        help="how long until it ends by itself: 900, 15m, 2h (15m; at most 24h)",
+    )  # fmt: skip
+    glass_on.add_argument("--by", default=who, help=f"who switches it ({who})")
+    glass_off = add_redis_options(glass_sub.add_parser("off", help="enforce every hook again"))
+    glass_off.add_argument("--by", default=who, help=f"who switches it ({who})")
+    add_redis_options(glass_sub.add_parser("status", help="is it on, until when, why"))
+    glass.set_defaults(func=_breakglass)
+
+    lag = add_redis_options(
+        sub.add_parser("lag", help="per consumer group: lag, pending, oldest pending, consumers")
+    )
+    lag.set_defaults(func=_lag)
+
+    events = sub.add_parser("events", help="the lifecycle events stream")
+    events_sub = events.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tail = add_redis_options(events_sub.add_parser("tail", help="print new events as they arrive"))
+    tail.add_argument("--session", action="append", metavar="S", help="only this session")
+    tail.add_argument("--event", action="append", metavar="E", help="only this event name")
+    tail.add_argument("--count", type=int, metavar="N", help="exit after N matching events")
+    tail.set_defaults(func=_events_tail)
+
+    audit = sub.add_parser("audit", help="the audit trail: answers held back, break-glass")
+    audit_sub = audit.add_subparsers(dest="action", required=True, metavar="ACTION")
+    audit_list = add_redis_options(
+        audit_sub.add_parser(
+            "list", help="the newest records: warn/dryrun/break-glass answers, break-glass switches"
+        )
+    )
+    audit_list.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (50)")
+    audit_list.set_defaults(func=_audit_list)
+
+    dlq = sub.add_parser("dlq", help="the dead-letter stream")
+    dlq_sub = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
+    dlq_list = add_redis_options(dlq_sub.add_parser("list", help="the newest dead letters"))
+    dlq_list.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
+    dlq_list.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (50)")
+    dlq_list.set_defaults(func=_dlq_list)
+    dlq_show = add_redis_options(dlq_sub.add_parser("show", help="every field of one dead letter"))
+    dlq_show.add_argument("id", metavar="ID", help="its stream id (from dlq list)")
+    dlq_show.set_defaults(func=_dlq_show)
+    dlq_replay = add_redis_options(
+        dlq_sub.add_parser("replay", help="re-feed an async hook's dead letters to it")
+    )
+    dlq_replay.add_argument("hook", metavar="HOOK", help="the async hook's name")
+    dlq_replay.set_defaults(func=_dlq_replay)
+    dlq_purge = add_redis_options(dlq_sub.add_parser("purge", help="delete dead letters"))
+    dlq_purge.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
+    dlq_purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dlq_purge.set_defaults(func=_dlq_purge)
+
+    metrics = add_redis_options(
+        sub.add_parser("metrics", help="figures collected by metrics hooks")
+    )
+    metrics.set_defaults(func=_metrics)
