@@ -24,7 +24,7 @@ from bus import AgentHook, HookEvent, PreToolUseContext
 from bus.actions import CONTINUE, PreToolUseAction
 from bus.coordinator import Coordinator
 from bus.keys import Keys
-from bus.protocol import EventMessage, decode, new_id, now_ms
+from bus.protocol import AuditRecord, EventMessage, decode, new_id, now_ms
 from bus.settings import BusSettings
 from tests.claude_code_types import INPUTS, ROOT, check_output, pre_tool_use
 from tests.harness import Processes, until, worker_env
@@ -394,3 +394,26 @@ async def test_claude_code_calls_fail_closed_when_no_decision_comes_in_time(
         answer = await gateway.claude_code("t", json.dumps(INPUTS["PostToolUse"]).encode())
         assert answer.status == 504, answer
         assert gateway.stats["timed_out"] == 2 and gateway.stats["failed_closed"] == 1
+
+
+def test_a_warn_mode_answer_reaches_claude_as_context_and_the_audit_trail_names_the_tenant(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    live(bus_settings, "SecretGuard")
+    proc = hookbus("hooks", "mode", "SecretGuard", "warn", env=worker_env(bus_settings))
+    assert proc.returncode == 0, proc.stderr
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="team-a")
+    status, out, _ = gateway.post("/claude-code", pre_tool_use("Read", {"file_path": ".env"}))
+    assert status == 200, out
+    check_output(out)
+    assert out == {"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "additionalContext": "[Hook: SecretGuard | PreToolUse] Warning: this hook would have "
+        "blocked: .env files hold secrets; Read on them is not allowed",
+    }}  # fmt: skip
+    with Redis.from_url(bus_settings.redis_url) as redis:
+        entries = redis.xrange(Keys(bus_settings.prefix).audit)
+    (record,) = [decode(fields[b"data"], AuditRecord) for _, fields in entries]
+    assert (record.kind, record.hook, record.mode, record.by) == (
+        "shadowed", "SecretGuard", "warn", "tenant:team-a")  # fmt: skip

@@ -200,9 +200,7 @@ class Gateway:
             "no_counterpart": 0,
         }
 
-    def _error_reply(
-        self, status: int, error: str, request_id: str = "", where: str = ""
-    ) -> Answer:
+    def error_reply(self, status: int, error: str, request_id: str = "", where: str = "") -> Answer:
         reply = DecisionReply(
             id=new_id(), ts=now_ms(), request_id=request_id, status="error", error=error,
             field=where,
@@ -233,7 +231,7 @@ class Gateway:
                 asked = msgspec.json.decode(body, type=_Id).id
             except msgspec.DecodeError:
                 asked = ""
-            return self._error_reply(400, str(exc), asked, where)
+            return self.error_reply(400, str(exc), asked, where)
         if not request.id or not request.ts:
             request = msgspec.structs.replace(
                 request, id=request.id or new_id(), ts=request.ts or now_ms()
@@ -242,7 +240,7 @@ class Gateway:
         if reply is None or reply.status == "error":
             self.stats["timed_out"] += 1
             error = f"no decision within timeout_ms={request.timeout_ms}"
-            return self._error_reply(504, reply.error if reply else error, request.id)
+            return self.error_reply(504, reply.error if reply else error, request.id)
         return _json(200, reply)
 
     async def claude_code(self, tenant: str, body: bytes) -> Answer:
@@ -320,10 +318,10 @@ def app(gateway: Gateway) -> Starlette:
     async def decisions(request: Request) -> Response:
         tenant = gateway.authorize(request.headers.get("authorization"))
         if tenant is None:
-            return respond(gateway._error_reply(401, "a valid bearer token is needed"))
+            return respond(gateway.error_reply(401, "a valid bearer token is needed"))
         body = await _read(request, gateway.max_body)
         if body is None:
-            return respond(gateway._error_reply(413, gateway.too_large("the request")))
+            return respond(gateway.error_reply(413, gateway.too_large("the request")))
         return respond(await gateway.decisions(tenant, body))
 
     async def claude_code(request: Request) -> Response:
