@@ -15,7 +15,7 @@ when the service starts):
     the whole tool name, or ``*``/empty for every tool (the default).
 ``HOOKBUS_COMMAND_TIMEOUT``
     seconds the command may run (default 60); it is killed after that, with everything it
-    started, and the hook fails. (The hook's own timeout is half a second longer.)
+    started, and the hook fails. (The hook's own timeout is a second longer.)
 ``HOOKBUS_COMMAND_FAILURE_POLICY``
     ``ignore`` (the default: like Claude Code, a failing command does not block) or ``fail``.
 ``HOOKBUS_COMMAND_CWD``
@@ -55,7 +55,7 @@ log = logging.getLogger("hookbus.command_hook")
 #: The most a command may print on stdout or stderr.
 OUTPUT_LIMIT = MAX_MESSAGE_BYTES
 #: How much longer than its command the hook itself may take (killing and reaping it).
-KILL_MARGIN_SECS = 0.5
+KILL_MARGIN_SECS = 1.0
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _PREFIX = re.compile(r"^([A-Za-z0-9_-]+)\.\*$")
 
@@ -198,11 +198,13 @@ async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future[Any
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: the shell and its children
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await proc.wait()
-    # asyncio's Process has no close(): without this its pipes would stay open until the
-    # transport is collected (and warn then) when the readers were stopped before EOF.
-    proc._transport.close()  # type: ignore[attr-defined]
+    try:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await proc.wait()
+    finally:  # even if this hook is cancelled meanwhile (its own deadline passed)
+        # asyncio's Process has no close(): without this its pipes would stay open until the
+        # transport is collected (and warn then) when the readers were stopped before EOF.
+        proc._transport.close()  # type: ignore[attr-defined]
 
 
 async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
