@@ -38,7 +38,7 @@ redis-check:
 node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json
 
 examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
-	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for examples/node)"; exit 1; }
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20.15 and npm (for examples/node)"; exit 1; }
 	npm ci --prefix examples/node --no-audit --no-fund
 	@touch $@
 
