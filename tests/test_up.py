@@ -138,9 +138,11 @@ def test_up_runs_the_services_of_the_compose_file() -> None:
     for name, s in services.items():
         if s.get("image") != "hookbus:latest" or "profiles" in s:
             continue
-        role = re.match(r"redis://(\w+):", s["environment"]["HOOKBUS_REDIS_URL"])
-        assert role, name
-        expected[name] = (tuple(s["command"]), s.get("deploy", {}).get("replicas", 1), role[1])
+        user = re.match(r"redis://([\w.-]+):", s["environment"]["HOOKBUS_REDIS_URL"])
+        assert user, name
+        # A hook service runs as its hook's own user (hook-NAME), the others as their role.
+        role = "worker" if user[1].startswith("hook-") else user[1]
+        expected[name] = (tuple(s["command"]), s.get("deploy", {}).get("replicas", 1), role)
     launched = {s.name: (s.args, s.replicas, s.role) for s in (*STACK, DEMO)}
     assert launched == expected
 
@@ -242,6 +244,7 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
     s, prefix, host = bus_settings, bus_settings.prefix, socket.gethostname()
+    decisions = Keys.of(s).decision_partitions[0]
     guard = "workers.demo_hooks:SecretGuard"
     assert hookbus(s, "check") == (0, f"ok: Redis at {s.redis_url} answers")
     assert hookbus(s, "worker", guard, "--check") == (
@@ -250,7 +253,7 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     )
     assert hookbus(s, "coordinator", "--check") == (
         1,
-        f"hookbus: no coordinator has started: {prefix}:decisions has no group coordinators",
+        f"hookbus: no coordinator has started: {decisions} has no group coordinators",
     )
 
     worker = procs.worker(s, guard, "guard")
@@ -266,14 +269,14 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     )
     until(lambda: hookbus(s, "coordinator", "--check")[0] == 0, "the coordinators group")
     code, line = hookbus(s, "coordinator", "--check")
-    assert line.startswith(f"ok: coordinator group coordinators on {prefix}:decisions exists")
+    assert line.startswith(f"ok: coordinator group coordinators on {decisions} exists")
 
     # The replica stops: it deregisters.
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert hookbus(s, "worker", guard, "--check") == (
         1,
-        f"hookbus: hook SecretGuard has no replica in {prefix}:hook:SecretGuard:replicas",
+        f"hookbus: hook SecretGuard has no replica in {prefix}:hook:{{SecretGuard}}:replicas",
     )
     # A live replica on another host: live, but not here.
     keys = Keys(prefix)
@@ -282,7 +285,7 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     assert hookbus(s, "worker", guard, "--check")[0] == 0
     assert hookbus(s, "worker", guard, "--check", "--here") == (
         1,
-        f"hookbus: hook SecretGuard has no replica on {host} in {prefix}:hook:SecretGuard:replicas",
+        f"hookbus: hook SecretGuard has no replica on {host} in {prefix}:hook:{{SecretGuard}}:replicas",
     )
     # A replica that stopped beating.
     with redis.Redis.from_url(s.redis_url) as r:

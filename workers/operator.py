@@ -111,7 +111,7 @@ async def list_hooks(
     rows: list[HookRow] = []
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
-        live, total, last, stopped = await _replicas(redis, keys, name, liveness_secs, now)
+        live, total, last, stopped = await replica_summary(redis, keys, name, liveness_secs, now)
         try:
             manifest = decode(value, HookManifest)
             if manifest.name != name:
@@ -157,7 +157,7 @@ async def list_hooks(
     return rows
 
 
-async def _replicas(
+async def replica_summary(
     redis: Redis, keys: Keys, name: str, liveness_secs: float, now: int
 ) -> tuple[int, int, float | None, float | None]:
     """Live replicas, replicas, seconds since the last heartbeat and since the last clean stop."""
