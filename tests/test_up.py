@@ -285,7 +285,8 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     assert hookbus(s, "worker", guard, "--check")[0] == 0
     assert hookbus(s, "worker", guard, "--check", "--here") == (
         1,
-        f"hookbus: hook SecretGuard has no replica on {host} in {prefix}:hook:{{SecretGuard}}:replicas",
+        f"hookbus: hook SecretGuard has no replica on {host} in "
+        f"{prefix}:hook:{{SecretGuard}}:replicas",
     )
     # A replica that stopped beating.
     with redis.Redis.from_url(s.redis_url) as r:
