@@ -86,7 +86,8 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "writes only re-fed entries, dead letters (deletions, and the entries a repair takes "
         "out), cancellations (and lifts them: the only role that may), modes, tenants, the "
         "break-glass switch and the audit trail; repairs a stream poisoned with an id beyond "
-        "Redis's clock (XDEL those entries, XSETID, XGROUP SETID, in MULTI/EXEC under WATCH); "
+        "Redis's clock (XDEL and XACK those entries, XSETID, XGROUP SETID, in MULTI/EXEC under "
+        "WATCH); "
         "TIME: `worker --check` compares this host's clock with Redis's.",
         "on resetchannels -@all +ping +client|setinfo +time +multi +exec +discard +unwatch "
         "%R~hookbus:* +hgetall +hget +hexists +smembers +sismember +get +zrange +xrange "
@@ -95,7 +96,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "(~hookbus:breakglass +get +set +del) (~hookbus:cancelled:* +sadd +expire +del) "
         "(~hookbus:modes +hset +hdel) (~hookbus:tenants +sadd +srem) "
         "(~hookbus:events:* ~hookbus:decisions:* ~hookbus:t:*:decisions "
-        "~hookbus:hook:*:requests ~hookbus:hook:*:replay ~hookbus:dlq ~hookbus:audit +watch "
+        "~hookbus:hook:*:requests ~hookbus:hook:*:replay ~hookbus:dlq ~hookbus:audit +watch +xack "
         "+xdel +xsetid +xgroup|setid) (&hookbus:control +publish)",
     ),
 )
