@@ -255,7 +255,12 @@ class CoordinatorService:
                 await asyncio.wait(tasks, timeout=30)
             await self.coordinator.close()
             self.expired.flush()
-            log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
+            log.info(
+                "coordinator %s stopped: %s; dispatch: %s",
+                self.coordinator.id,
+                self.stats,
+                self.coordinator.stats,
+            )
 
     async def _serve(self, source: Source, stop: asyncio.Event) -> None:
         """Start answering one stream (its group created first)."""
