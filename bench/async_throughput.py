@@ -56,6 +56,7 @@ import redis as redis_py
 from bench.common import Children, header, hookbus_env, progress, terminated, write_results
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
+from bus.keys import Keys
 from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
 
 MODULE = "bench.async_throughput"
@@ -158,12 +159,9 @@ class Scenario:
     groups: tuple[str, str]
     commands: list[tuple[str, str, list[str], dict[str, str]]]  # (label, module, args, env)
     ready: Callable[[redis_py.Redis], bool]
+    stream: str  # the events stream its consumers read
     trials: list[dict[str, Any]] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
-
-    @property
-    def stream(self) -> str:
-        return f"{self.prefix}:events"
 
     def start(self, children: Children) -> None:
         for label, module, args, env in self.commands:
@@ -185,9 +183,9 @@ def hookbus_scenario(
     ]  # fmt: skip
 
     def ready(r: redis_py.Redis) -> bool:
-        return all(int(r.zcard(f"{prefix}:hook:{n}:replicas")) >= 1 for n in names)
+        return all(int(r.zcard(Keys(prefix).replicas(n))) >= 1 for n in names)
 
-    return Scenario(key, label, prefix, names, commands, ready)
+    return Scenario(key, label, prefix, names, commands, ready, Keys(prefix).event_partitions[0])
 
 
 def floor_scenario(prefix: str, url: str) -> Scenario:
@@ -202,7 +200,8 @@ def floor_scenario(prefix: str, url: str) -> Scenario:
     def ready(r: redis_py.Redis) -> bool:
         return int(r.llen(ready_key)) >= len(groups)
 
-    return Scenario("floor", "raw redis-py floor", prefix, groups, commands, ready)
+    stream = f"{prefix}:events"
+    return Scenario("floor", "raw redis-py floor", prefix, groups, commands, ready, stream)
 
 
 def scenarios(url: str) -> list[Scenario]:

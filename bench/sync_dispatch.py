@@ -64,6 +64,7 @@ from bench.floor_worker import fan_out, hook_reply, hook_request, requests_key
 from bus.actions import CONTINUE, Continue, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
 from bus.hooks import AgentHook
+from bus.keys import Keys
 from bus.protocol import DecisionRequest, HookReply, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings, HookSettings
 from workers.redis_server import RedisServer
@@ -270,9 +271,15 @@ class FloorAgent:
 class ForeignAgent:
     """An agent in any language: XADD one decision request, BLPOP the reply from its inbox."""
 
-    def __init__(self, redis: Redis, prefix: str, make: Callable[[str], tuple[str, bytes]]):
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        make: Callable[[str], tuple[str, bytes]],
+        decisions: str | None = None,
+    ):
         self.redis = redis
-        self.decisions = f"{prefix}:decisions"
+        self.decisions = decisions or f"{prefix}:decisions"
         self.inbox = f"{prefix}:inbox:agent-{os.getpid()}"
         self.make = make
 
@@ -380,6 +387,7 @@ class Scenario:
         self.redis = redis
         self.children = children
         self.hb_prefix = f"bench-hb{n}"
+        self.hb_keys = Keys(self.hb_prefix)
         self.floor_prefix = f"bench-floor{n}"
         self.hooks = NOOPS[:n]
         self.names = [h.name for h in self.hooks]
@@ -499,7 +507,7 @@ class Scenario:
             "bench.floor_worker",
             ["service", self.url, self.floor_prefix, *self.names],
         )
-        decisions = f"{self.hb_prefix}:decisions"
+        decisions = self.hb_keys.decision_partitions[0]
 
         async def group_exists() -> bool:
             try:
@@ -513,7 +521,12 @@ class Scenario:
         progress(f"{self.n} hook(s): services up; validating the service topology")
 
         ctx_raw = raw(context())
-        hookbus = ForeignAgent(self.redis, self.hb_prefix, hookbus_decision(ctx_raw))
+        hookbus = ForeignAgent(
+            self.redis,
+            self.hb_prefix,
+            hookbus_decision(ctx_raw),
+            self.hb_keys.decision_partitions[0],
+        )
         floor = ForeignAgent(self.redis, self.floor_prefix, floor_decision(ctx_raw))
         streams = [requests_key(self.hb_prefix, n) for n in self.names]
         before = [await self.redis.xlen(s) for s in streams]

@@ -31,8 +31,9 @@ megabyte of brackets, the same order as msgspec's own parse of such a megabyte).
 
 from __future__ import annotations
 
+import operator
 import re
-from itertools import accumulate
+from itertools import accumulate, count
 from typing import Any
 
 import msgspec
@@ -49,14 +50,33 @@ MAX_CONTEXT_DEPTH = 64
 #: The largest message whose scalar top-level fields are still read to answer it (8.1).
 MAX_HEAD_BYTES = 4 * MAX_MESSAGE_BYTES
 
-# A JSON string: a quote, then any characters but a quote or a backslash, or a backslash and the
-# character it escapes, then a quote (unrolled: no backtracking, linear in the string's length).
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_OTHER_BYTES = bytes(b for b in range(256) if b not in b"[]{}")
-_BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]")
-_STEP = [0] * 256
-_STEP[ord("[")] = 1
-_STEP[ord("]")] = -1
+# Every byte but the quote and the brackets (deleted by ``translate``); braces become brackets.
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+# One token of JSON for ``top_level``: a string (escapes included), or a run of openers or closers.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[{]+|[\]}]+', re.DOTALL)
+
+
+def _brackets(data: bytes) -> bytes:
+    """The brackets of ``data`` outside its strings, braces as brackets: ``b"[[][]]"``.
+
+    Escaped backslashes and quotes are removed first, so every quote left delimits a string;
+    then everything but quotes and brackets is deleted, and what lay between the quotes of each
+    string with it. All of it in C (``bytes.replace``, ``translate``, ``split``)."""
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    kept = data.translate(_BRACKETS, _NOT_STRUCTURE)
+    if b'"' in kept:
+        kept = b"".join(kept.split(b'"')[::2])
+    return kept
+
+
+def _depth(brackets: bytes) -> int:
+    """The deepest nesting of a string of brackets: over the runs of openers between closers,
+    the running sum of their lengths less one per closer passed."""
+    runs = brackets.split(b"]")
+    deepest: int = max(map(operator.sub, accumulate(map(len, runs)), count()))
+    return deepest
 
 
 def shape(data: bytes) -> tuple[int, int]:
@@ -65,13 +85,9 @@ def shape(data: bytes) -> tuple[int, int]:
     Brackets inside strings do not count. For text that is not valid JSON the figures are
     still bounded and safe to compare with the limits (the decoder rejects such text anyway).
     """
-    if b'"' in data:
-        data = _STRING.sub(b"", data)
-    brackets = data.translate(_BRACKETS_ONLY, _OTHER_BYTES)
+    brackets = _brackets(data)
     containers = brackets.count(b"[")
-    if containers <= 1:
-        return containers, containers
-    return max(accumulate(map(_STEP.__getitem__, brackets))), containers
+    return (_depth(brackets) if containers > 1 else containers), containers
 
 
 def check(
@@ -94,20 +110,28 @@ def check(
     # nested deeper than it, nor be too many containers.
     if data.count(b"[") + data.count(b"{") <= max_depth:
         return
-    depth, containers = shape(data)
-    if depth > max_depth:
-        name = "MAX_DEPTH" if max_depth == MAX_DEPTH else "MAX_CONTEXT_DEPTH"
+    brackets = _brackets(data)
+    depth_name = "MAX_DEPTH" if max_depth == MAX_DEPTH else "MAX_CONTEXT_DEPTH"
+    if b"[" * (max_depth + 1) in brackets:  # a run of openers: too deep, found in one search
         raise LimitError(
-            f"{what} nests {depth} levels deep; the limit is {max_depth} ({name})",
+            f"{what} nests more than {max_depth} levels deep; the limit is {max_depth} "
+            f"({depth_name})",
             field,
-            limit=name,
+            limit=depth_name,
         )
+    containers = brackets.count(b"[")
     if containers > MAX_CONTAINERS:
         raise LimitError(
             f"{what} holds {containers} arrays and objects; the limit is {MAX_CONTAINERS} "
             "(MAX_CONTAINERS)",
             field,
             limit="MAX_CONTAINERS",
+        )
+    if containers > max_depth and (depth := _depth(brackets)) > max_depth:
+        raise LimitError(
+            f"{what} nests {depth} levels deep; the limit is {max_depth} ({depth_name})",
+            field,
+            limit=depth_name,
         )
 
 
@@ -124,9 +148,25 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
     context). Raises LimitError naming the bound, also when msgspec cannot encode it at all:
     nested too deep for it (``RecursionError``), or holding what JSON cannot (an object of an
     unsupported type, a lone surrogate)."""
-    depth = MAX_CONTEXT_DEPTH if context else MAX_DEPTH
+    data = _encode(value, what, MAX_CONTEXT_DEPTH if context else MAX_DEPTH)
+    if context:
+        check_context(data, what)
+    else:
+        check(data, what)
+    return data
+
+
+def check_answer(action: Any) -> None:
+    """Raise LimitError unless a hook's answer fits in the ``HookReply`` that carries it (where
+    it is level 2). The distributed mode finds this out when the worker encodes its reply; the
+    dispatcher checks the answers that carry free-form values the same way in both modes."""
+    check(_encode({"action": action}, "HookReply", MAX_DEPTH), "HookReply")
+
+
+def _encode(value: Any, what: str, depth: int) -> bytes:
+    context = depth == MAX_CONTEXT_DEPTH
     try:
-        data = _encoder.encode(value)
+        return _encoder.encode(value)
     except RecursionError:
         name = "MAX_CONTEXT_DEPTH" if context else "MAX_DEPTH"
         raise LimitError(
@@ -140,37 +180,34 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
             "$.context" if context else "",
             limit="encodable",
         ) from None
-    if context:
-        check_context(data, what)
-    else:
-        check(data, what)
-    return data
 
 
 def top_level(data: bytes) -> bytes | None:
     """``data`` (a JSON object) with every value below its top level replaced by ``null``, so
     that its scalar fields (``id``, ``reply_to``, ``event``) can be read from a message that is
-    too deep or too large to decode. None if ``data`` is longer than ``MAX_HEAD_BYTES`` or is
-    not an object. Walks the brackets one by one: for error paths only."""
+    too deep or has too many containers to decode. None if ``data`` is longer than
+    ``MAX_HEAD_BYTES`` or is not an object. Walks the strings and runs of brackets one by one
+    (about 0.3 µs each): for the coordinator service's error path only."""
     if len(data) > MAX_HEAD_BYTES or not data.lstrip().startswith(b"{"):
         return None
-    # Blank the strings' insides (same length), so that brackets in them are not counted.
-    masked = _STRING.sub(lambda m: b'"' + b" " * (len(m[0]) - 2) + b'"', data)
     out: list[bytes] = []
     depth = 0
     kept_from: int | None = 0  # None while inside a nested value
-    for m in re.finditer(rb"[\[\]{}]", masked):
-        if m[0] in (b"[", b"{"):
-            depth += 1
-            if depth == 2 and kept_from is not None:
-                out.append(data[kept_from : m.start()])
+    for m in _TOKEN.finditer(data):
+        token = m[0]
+        if token[0] == 34:  # a string: its brackets are text
+            continue
+        if token[0] in b"[{":
+            if depth < 2 <= depth + len(token) and kept_from is not None:
+                out.append(data[kept_from : m.start() + 1 - depth])
                 kept_from = None
+            depth += len(token)
         else:
-            depth -= 1
-            if depth == 1:
+            depth -= len(token)
+            if depth <= 1 and kept_from is None:
                 out.append(b"null")
-                kept_from = m.end()
-            elif depth <= 0:
+                kept_from = m.end() - (1 - depth) if depth < 1 else m.end()
+            if depth <= 0:
                 break
     out.append(data[kept_from:] if kept_from is not None else b"null")
     return b"".join(out)

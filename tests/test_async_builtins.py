@@ -16,11 +16,17 @@ from bus import HookEvent, PostToolUseContext, SessionStopContext, TurnTerminal
 from bus.hooks import DeliveredEvent
 from bus.keys import Keys
 from bus.protocol import DATA_FIELD, new_id, now_ms
-from bus.retention import trim_events
+from bus.retention import Retention
 from bus.settings import BusSettings
 from workers.audit import AsyncAuditLogHook
 from workers.metrics import AsyncMetricsHook
 from workers.replay import parse_position, replay_range
+
+
+def ev(keys: Keys) -> str:
+    """The events stream (one partition in these tests)."""
+    return keys.event_partitions[0]
+
 
 POSTGRES = os.environ.get("HOOKBUS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432")
 
@@ -89,21 +95,18 @@ async def test_retention_trims_history_but_never_what_a_group_still_needs(
     try:
         ids = []
         for i in range(300):
-            ids.append(
-                await redis.xadd(keys.event_partitions[0], {DATA_FIELD: b"{}"}, id=f"{1000 + i}-0")
-            )
-        await redis.xgroup_create(
-            keys.event_partitions[0], "slow", id=ids[49]
-        )  # handled the first 50
-        await redis.xgroup_create(keys.event_partitions[0], "fast", id="$")
-        done = await trim_events(redis, keys, maxlen=100)
-        first = (await redis.xrange(keys.event_partitions[0], count=1))[0][0]
+            ids.append(await redis.xadd(ev(keys), {DATA_FIELD: b"{}"}, id=f"{1000 + i}-0"))
+        await redis.xgroup_create(ev(keys), "slow", id=ids[49])  # handled the first 50
+        await redis.xgroup_create(ev(keys), "fast", id="$")
+        retention = Retention(redis, keys)
+        done = await retention.trim(ev(keys), maxlen=100)
+        first = (await redis.xrange(ev(keys), count=1))[0][0]
         assert int(first.split(b"-")[0]) <= 1050  # "slow" still needs entry 51 onwards
         assert done["trimmed"] <= 50
         # once "slow" catches up, history beyond maxlen goes (approximately)
-        await redis.xgroup_setid(keys.event_partitions[0], "slow", id="$")
-        await trim_events(redis, keys, maxlen=100)
-        assert await redis.xlen(keys.event_partitions[0]) < 300
+        await redis.xgroup_setid(ev(keys), "slow", id="$")
+        assert (await retention.trim(ev(keys), maxlen=100))["lost"] == 0
+        assert await redis.xlen(ev(keys)) < 300
     finally:
         await redis.aclose()
 
@@ -113,7 +116,7 @@ async def test_replay_range_copies_to_the_hooks_replay_stream(bus_settings: BusS
     redis = Redis.from_url(bus_settings.redis_url)
     try:
         for i in range(1, 1201):
-            await redis.xadd(keys.event_partitions[0], {DATA_FIELD: f'{{"n": {i}}}'}, id=f"{i}-0")
+            await redis.xadd(ev(keys), {DATA_FIELD: f'{{"n": {i}}}'}, id=f"{i}-0")
         count = await replay_range(redis, keys, "Hook", "100", "1150")
         assert count == 1051
         copied = await redis.xrange(keys.replay("Hook"), count=1)

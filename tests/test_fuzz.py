@@ -9,20 +9,47 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.asyncio import Redis
 
-from bus import AsyncAgentHook, HookEvent
+from agent_adapter.client import HookClient
+from bus import (
+    AsyncAgentHook,
+    HookEvent,
+    HookSettings,
+    Override,
+    PermissionDecision,
+    PermissionRequestContext,
+    PostToolUseContext,
+    PreToolUseContext,
+)
 from bus.errors import LimitError, ProtocolError
+from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from bus.limits import MAX_CONTEXT_DEPTH, MAX_DEPTH, check, shape, top_level
-from bus.protocol import decode, decode_context, decode_head
+from bus.protocol import DecisionReply, decode, decode_context, decode_head, new_id, now_ms
 from bus.schema import MESSAGES
 from bus.settings import BusSettings
-from tests.remote_hooks import HookConfig, Scripted
+from tests.harness import Processes, wait_for, wait_live, worker_env
+from tests.remote_hooks import AsyncConfig, HookConfig, Scripted
+from workers.replay import replay_dead_letters
+
+
+def ev(keys: Keys) -> str:
+    """The events stream (one partition in these tests)."""
+    return keys.event_partitions[0]
+
+
+def dv(keys: Keys) -> str:
+    """The decisions stream (one partition in these tests)."""
+    return keys.decision_partitions[0]
+
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -79,8 +106,6 @@ def deep_json(depth: int, opener: bytes = b"[") -> bytes:
 @given(value=tricky_values, compact=st.booleans())
 def test_the_depth_scanner_agrees_with_a_walk_of_the_value(value: Any, compact: bool) -> None:
     """Escapes, quotes and brackets inside strings never count; both encoders' output."""
-    import msgspec
-
     data = msgspec.json.encode(value) if compact else json.dumps(value, indent=1).encode()
     assert shape(data) == reference_shape(value)
 
@@ -117,6 +142,14 @@ def test_a_message_within_the_bounds_decodes() -> None:
     assert reference_shape(ctx.tool_args)[0] == MAX_CONTEXT_DEPTH - 1
 
 
+def test_nesting_without_a_long_run_of_openers_is_measured_exactly() -> None:
+    """``{"x":[],"a":{"x":[],"a":…}}``: no 129 openers in a row, still 200 levels deep."""
+    data = b'{"x":[],"a":' * 199 + b"{}" + b"}" * 199
+    assert shape(data) == (200, 399)
+    with pytest.raises(LimitError, match=r"nests 200 levels deep; the limit is 128"):
+        decode(data, MESSAGES["EventMessage"])
+
+
 def test_too_many_containers_is_refused() -> None:
     data = b"[" + b",".join([b"[]"] * 100_001) + b"]"
     with pytest.raises(LimitError, match=r"100002 arrays and objects; the limit is 100000"):
@@ -125,7 +158,6 @@ def test_too_many_containers_is_refused() -> None:
 
 def test_the_head_of_a_message_too_deep_to_decode_is_still_read() -> None:
     """What the services use to answer a refused request: its top-level scalars only."""
-    import msgspec
 
     class Head(msgspec.Struct):
         id: str = ""
@@ -237,3 +269,294 @@ def test_service_entry_points_never_crash(bus_settings: BusSettings, data: list[
                 await redis.aclose()
 
     asyncio.run(feed())
+
+
+# -- real processes: nesting up to 100,000 levels on every stream any role reads ---------------
+
+DEPTHS = (MAX_CONTEXT_DEPTH + 1, MAX_DEPTH + 1, 980, 1_000, 10_000, 100_000)
+RAW_DEPTHS = DEPTHS[1:]  # deeper than any message may be: poison to every reader
+
+
+def poison(depth: int, envelope: dict[str, Any]) -> list[dict[bytes, bytes]]:
+    """Entries no reader can use, each nested ``depth`` levels somewhere: bare, unterminated,
+    inside an otherwise valid message's context and under an unknown field."""
+    head = json.dumps(envelope)[:-1].encode()
+    ctx = b'"context":{"session_id":"s","tool_name":"t","tool_args":{"a":' + deep_json(depth)
+    return [
+        {b"data": deep_json(depth)},
+        {b"data": b'{"a":' * depth},
+        {b"data": head + b"," + ctx + b"}}}"},
+        {b"data": head + b',"junk":' + deep_json(depth, b"{") + b"}"},
+    ]
+
+
+async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Any
+) -> None:
+    """Every role as its own process: sync hooks (one answering values nested 100,000 levels
+    deep), two async hooks (one following the audit trail), the coordinator service. An agent
+    dispatches contexts nested up to 100,000 levels in tool arguments, tool output and
+    metadata while raw entries nested as deep are written straight to every stream any role
+    reads. No process exits; every entry is acknowledged, dead-lettered exactly once per
+    group; every dispatch is decided within its deadline; uninspectable input is Blocked or
+    Denied."""
+    keys = Keys(bus_settings.prefix)
+    procs.scripted(
+        bus_settings,
+        HookConfig(
+            name="Guard", answers={"PermissionRequest": _allow()}, record=str(tmp_path / "g")
+        ),
+    )
+    procs.worker(
+        bus_settings, "tests.remote_hooks:DeepAnswers", "Deep",
+        HOOKBUS_TEST_NAME="Deep", HOOKBUS_TEST_DEPTH="100000",
+    )  # fmt: skip
+    procs.worker(
+        bus_settings, "tests.remote_hooks:DeepAnswers", "Edge",
+        HOOKBUS_TEST_NAME="Edge", HOOKBUS_TEST_DEPTH="126",
+    )  # fmt: skip
+    ledger = AsyncConfig(name="Ledger", record=str(tmp_path / "ledger"))
+    procs.worker(
+        bus_settings, "tests.remote_hooks:ScriptedAsync", "Ledger",
+        HOOKBUS_TEST_ASYNC=msgspec.json.encode(ledger).decode(),
+    )  # fmt: skip
+    procs.worker(
+        bus_settings, "workers.audit:AsyncAuditLogHook", "Audit",
+        HOOKBUS_AUDIT_DB=str(tmp_path / "audit.db"),
+    )  # fmt: skip
+    procs.start(["coordinator"], worker_env(bus_settings, HOOKBUS_REFRESH_SECS="0.2"), "coord")
+    redis = Redis.from_url(bus_settings.redis_url)
+    client = await HookClient(bus_settings, HookSettings(hook_timeout_secs=5)).start()
+    try:
+        await wait_live(client, "Guard", "Deep", "Edge")
+
+        async def async_hooks_ready() -> bool:
+            return all(
+                [await redis.zcard(keys.replicas(n)) for n in ("Ledger", "AsyncAuditLogHook")]
+            )
+
+        await wait_for(async_hooks_ready, timeout=30, what="the async hooks")
+
+        async def service_ready() -> bool:  # it has made its group
+            return bool(await redis.exists(dv(keys)))
+
+        await wait_for(service_ready, what="the coordinator service")
+
+        # 1. Raw entries straight to every stream any role reads.
+        request = {**VALID_REQUEST, "hook": "Guard", "reply_to": keys.inbox("nobody")}
+        event = {"v": 1, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
+        audit = {"v": 1, "id": "a", "ts": 1, "kind": "shadowed"}
+        decision = {"v": 1, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
+        streams = {
+            keys.requests("Guard"): (request, [WORKERS_GROUP]),
+            keys.requests("Deep"): ({**request, "hook": "Deep"}, [WORKERS_GROUP]),
+            ev(keys): (event, ["Ledger", "AsyncAuditLogHook"]),
+            keys.replay("Ledger"): (event, ["Ledger"]),
+            keys.replay("AsyncAuditLogHook"): (event, ["AsyncAuditLogHook"]),
+            keys.audit: (audit, ["AsyncAuditLogHook"]),
+            dv(keys): (decision, [COORDINATORS_GROUP]),
+        }
+        written: dict[str, list[bytes]] = {}
+        for stream, (envelope, _) in streams.items():
+            entries = [p for d in RAW_DEPTHS for p in poison(d, envelope)] + [{b"other": b"x"}]
+            written[stream] = [await redis.xadd(stream, fields) for fields in entries]
+        # A reply nested 100,000 levels deep in the agent's own inbox.
+        deep_reply = b'{"v":1,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
+            b'{"type":"Metadata","key":"k","value":' + deep_json(100_000) + b"}}"
+        )
+        await redis.rpush(client.inbox, deep_reply)
+
+        # 2. Meanwhile an agent dispatches, in process and through the coordinator service.
+        timings: list[float] = []
+
+        async def timed(coro: Any) -> Any:
+            t0 = time.monotonic()
+            result = await coro
+            timings.append(time.monotonic() - t0)
+            return result
+
+        deep_args = {"deep": nested(100_000)}
+        for depth in DEPTHS:
+            args = {"deep": nested(depth)}
+            result = await timed(client.run_pre_tool_use(_pre(args)))
+            assert result.is_blocked and result.blocking_errors[0].hook_name == "HookBus", depth
+            perm = PermissionRequestContext(session_id="s", tool_name="t", tool_args=args)
+            result = await timed(client.run_on_permission_request(perm))
+            assert result.action.decision == PermissionDecision.DENY, depth
+        ok = await timed(client.run_pre_tool_use(_pre({"x": 1})))
+        assert (
+            not ok.is_blocked
+        )  # Guard allowed it; Deep's 100,000-deep answer failed, Edge's did not
+        assert [(s.hook_name, s.kind) for s in ok.skipped] == [("Deep", "error")]
+        assert "MAX_DEPTH" in ok.skipped[0].detail and ok.final_args == {"deep": nested(125)}
+        text = deep_json(100_000).decode()[:90_000]  # tool output: nesting as text is just text
+        post = PostToolUseContext(session_id="s", tool_name="t", output_content=text)
+        result = await timed(client.run_post_tool_use(post))
+        assert result.final_content == text and result.metadata == {"deep": nested(126)}
+        assert [(s.hook_name, s.kind) for s in result.skipped] == [("Deep", "error")]
+        post = PostToolUseContext(session_id="s", tool_name="t", tool_args=deep_args)
+        result = await timed(client.run_post_tool_use(post))
+        assert result.final_content.startswith("[output withheld by HookBus")
+
+        # Foreign agents: the coordinator service decides uninspectable input the same way.
+        inbox = keys.inbox(f"fuzz-{new_id()[:6]}")
+        asked: dict[str, str] = {}
+        for depth in (MAX_CONTEXT_DEPTH + 1, 1_000, 100_000):
+            for kind in ("PreToolUse", "PermissionRequest", "PostToolUse"):
+                rid = new_id()
+                asked[rid] = kind
+                body = json.dumps(
+                    {"v": 1, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
+                     "timeout_ms": 5000}
+                )[:-1].encode()  # fmt: skip
+                data = body + b"," + poison(depth, {})[2][b"data"][2:]
+                await redis.xadd(dv(keys), {"data": data})
+        rid = new_id()
+        asked[rid] = "fine"
+        fine = {"session_id": "s", "tool_name": "t", "output_content": "[{" * 1000}
+        await redis.xadd(dv(keys), {"data": json.dumps(
+            {"v": 1, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
+             "timeout_ms": 5000, "context": fine})})  # fmt: skip
+        answered: dict[str, Any] = {}
+        t0 = time.monotonic()
+        while len(answered) < len(asked):
+            popped = await redis.blpop([inbox], timeout=10)
+            assert popped is not None, f"unanswered: {set(asked) - set(answered)}\n{procs.logs()}"
+            reply = decode(popped[1], DecisionReply)
+            answered[reply.request_id] = reply
+            timings.append(time.monotonic() - t0)
+        for rid, kind in asked.items():
+            reply = answered[rid]
+            assert reply.status == "ok", reply
+            if kind == "PreToolUse":
+                assert reply.result["action"]["type"] == "Block", reply
+                assert "no hook could inspect it" in reply.result["action"]["reason"]
+            elif kind == "PermissionRequest":
+                assert reply.result["action"]["decision"] == "Deny", reply
+                assert reply.result["overridden_by"] == "HookBus", reply
+            elif kind == "PostToolUse":
+                assert reply.result["final_content"].startswith("[output withheld"), reply
+            else:  # Edge's Metadata fits its reply (128 levels), not the decision (129)
+                assert reply.result["final_content"].startswith("[output withheld"), reply
+                assert "MAX_DEPTH" in reply.result["final_content"]
+
+        # 3. Nothing stuck: every group on every stream has read and acknowledged everything.
+        async def settled() -> bool:
+            for stream, (_, groups) in streams.items():
+                info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
+                for group in groups:
+                    g = info.get(group)
+                    if g is None or g["pending"] or g["lag"]:
+                        return False
+            return True
+
+        await wait_for(settled, timeout=60, what="every entry acknowledged")
+        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        for stream, (_, groups) in streams.items():
+            mine = [f for f in letters if f[b"source"] == stream.encode()]
+            per_entry: dict[bytes, int] = {}
+            for f in mine:
+                if b"entry_id" in f:
+                    per_entry[f[b"entry_id"]] = per_entry.get(f[b"entry_id"], 0) + 1
+            for entry_id in written[stream]:
+                assert per_entry.get(entry_id) == len(groups), (stream, entry_id, per_entry)
+        assert client.stats["malformed_replies"] == 1 and client.stats["refused"] == 13
+        # Re-fed dead letters (hookbus replay --dlq) are dead-lettered again, once each.
+        refed = await replay_dead_letters(redis, keys, "Ledger")
+        assert refed == len(written[ev(keys)]) + len(written[keys.replay("Ledger")])
+        await wait_for(settled, timeout=60, what="re-fed dead letters acknowledged")
+        again = [
+            f for _, f in await redis.xrange(keys.dlq)
+            if f[b"source"] == keys.replay("Ledger").encode() and f[b"hook"] == b"Ledger"
+        ]  # fmt: skip
+        assert len(again) == refed
+        assert all(p.poll() is None for p in procs.procs), procs.logs()
+        assert max(timings) < 5, timings  # each within its deadline (hook timeout 5 s)
+    finally:
+        await client.close()
+        await redis.aclose()
+
+
+def _allow() -> Override:
+    return Override(decision=PermissionDecision.ALLOW, reason="fine")
+
+
+def _pre(args: dict[str, Any]) -> PreToolUseContext:
+    return PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
+
+
+def flood(i: int, envelope: dict[str, Any]) -> dict[bytes, bytes]:
+    """The i-th of a mix of poison entries: too deep, malformed JSON, wrong types, no data."""
+    kinds = [
+        lambda: {b"data": deep_json(1_000 + i)},
+        lambda: {b"data": b'{"v":1,"id":' + str(i).encode()},
+        lambda: {b"data": json.dumps({**envelope, "ts": "never"}).encode()},
+        lambda: {b"data": json.dumps({**envelope, "junk": nested(200)}).encode()},
+        lambda: {b"other": str(i).encode()},
+    ]
+    return kinds[i % len(kinds)]()
+
+
+async def test_400_poison_messages_log_a_bounded_number_of_lines(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """400 poison entries each to a hook service, an async hook service and the coordinator
+    service: each is dead-lettered once, and each service writes a few lines (the first
+    failure of a kind, then one line with the count), never a traceback per message."""
+    keys = Keys(bus_settings.prefix)
+    procs.scripted(bus_settings, HookConfig(name="Sink"))
+    config = msgspec.json.encode(AsyncConfig(name="AsyncSink")).decode()
+    procs.worker(
+        bus_settings, "tests.remote_hooks:ScriptedAsync", "AsyncSink", HOOKBUS_TEST_ASYNC=config
+    )
+    procs.start(["coordinator"], worker_env(bus_settings), "coordinator")
+    redis = Redis.from_url(bus_settings.redis_url)
+    try:
+
+        async def groups_ready() -> bool:
+            return all([await redis.exists(k) for k in (dv(keys), keys.requests("Sink"))])
+
+        await wait_for(groups_ready, timeout=30, what="the services' groups")
+        await wait_for(lambda: redis.zcard(keys.replicas("AsyncSink")), what="AsyncSink")
+        request = {**VALID_REQUEST, "hook": "Sink"}
+        event = {"v": 1, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
+        streams = {
+            keys.requests("Sink"): (request, WORKERS_GROUP),
+            ev(keys): (event, "AsyncSink"),
+            dv(keys): (
+                {"v": 1, "id": "d", "ts": 1, "event": "PreToolUse"},
+                COORDINATORS_GROUP,
+            ),
+        }
+        t0 = time.monotonic()
+        for stream, (envelope, _) in streams.items():
+            async with redis.pipeline(transaction=False) as pipe:
+                for i in range(400):
+                    pipe.xadd(stream, flood(i, envelope))
+                await pipe.execute()
+
+        async def all_dead_lettered() -> bool:
+            for stream, (_, group) in streams.items():
+                info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
+                if info[group]["pending"] or info[group]["lag"]:
+                    return False
+            return await redis.xlen(keys.dlq) >= 1200
+
+        await wait_for(all_dead_lettered, timeout=60, what="1,200 dead letters")
+        handled_in = time.monotonic() - t0
+        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        for stream in streams:
+            assert sum(f[b"source"] == stream.encode() for f in letters) == 400, stream
+        # The count of what was not logged line by line comes at the end of the interval.
+        await wait_for(
+            lambda: procs.logs().count("times in the last") >= 3, timeout=30, what="the counts"
+        )
+        assert all(p.poll() is None for p in procs.procs)
+        for path in sorted(procs.logdir.glob("*.log")):
+            lines = path.read_text().splitlines()
+            assert len(lines) < 20, (path.name, lines)
+            assert sum("Traceback" in line for line in lines) <= 1, (path.name, lines)
+        print(f"1,200 poison entries dead-lettered in {handled_in:.1f}s; log lines: "
+              f"{len(procs.logs().splitlines())}")  # fmt: skip
+    finally:
+        await redis.aclose()

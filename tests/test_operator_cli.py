@@ -168,10 +168,10 @@ def test_lag_shows_each_groups_lag_pending_and_consumers(
     out = ok(hookbus(bus_settings, "lag"))
     rows = table_rows(out)
     audit = rows[keys.event_partitions[0]]
-    assert audit[1:4] == ["Audit", "4", "2"]
-    assert audit[4].endswith("s")  # the oldest pending entry's age
-    assert audit[5] == "1"
-    assert rows[keys.requests("Guard")][1:6] == [WORKERS_GROUP, "0", "0", "-", "0"]
+    assert audit[1:5] == ["Audit", "4", "2", "0"]  # lag, pending, lost
+    assert audit[5].endswith("s")  # the oldest pending entry's age
+    assert audit[6] == "1"
+    assert rows[keys.requests("Guard")][1:7] == [WORKERS_GROUP, "0", "0", "0", "-", "0"]
     assert "AT RISK" not in out
     # With a stream cap of 10 × 1, a backlog of 6 is past half of it.
     risky = table_rows(ok(hookbus(bus_settings, "lag", HOOKBUS_EVENTS_MAXLEN="1")))
@@ -397,6 +397,7 @@ def test_metrics_shows_every_metrics_hash(bus_settings: BusSettings, r: redis.Re
     r.hincrbyfloat(keys.metrics("AsyncMetricsHook"), "tool_latency_ms_total", 12.25)
     r.hset(keys.metrics("Other"), "sessions_started", 1)
     r.set(keys.metrics("not-a-hash"), "x")
+    r.sadd(keys.hooks, "AsyncMetricsHook", "Other", "not-a-hash")  # hooks are found by name
     out = ok(hookbus(bus_settings, "metrics"))
     rows = [line.strip("│ ").split("│") for line in out.splitlines() if "│" in line]
     assert [[c.strip() for c in row] for row in rows] == [

@@ -264,7 +264,10 @@ async def test_input_no_hook_could_inspect_is_refused_whatever_the_policies(
     assert result.is_blocked and [b.hook_name for b in result.blocking_errors] == ["HookBus"]
     assert "the limit is 64 (MAX_CONTEXT_DEPTH)" in result.action.reason
     result = await runner.run_pre_tool_use(pre(deep=nested(70)))
-    assert "nests 72 levels deep; the limit is 64 (MAX_CONTEXT_DEPTH)" in result.action.reason
+    assert (
+        "nests more than 64 levels deep; the limit is 64 (MAX_CONTEXT_DEPTH)"
+        in result.action.reason
+    )
     result = await runner.run_pre_tool_use(pre(blob="y" * 1_100_000))
     assert result.is_blocked and "(MAX_CONTEXT_BYTES)" in result.action.reason
     ctx = PermissionRequestContext(session_id="s1", tool_name="run_shell", tool_args=deep)
@@ -287,3 +290,24 @@ async def test_input_no_hook_could_inspect_is_refused_whatever_the_policies(
     result = await runner.run_post_tool_use(post)
     assert result.final_content == text and result.warnings == ("seen",)
     assert calls.read_text().split()[0] == POST
+
+
+async def test_an_answer_too_deep_to_send_fails_its_hook(harness: Any) -> None:
+    """Embedded or not, an answer whose reply would nest past MAX_DEPTH fails its hook (under
+    its policy) with the same reason; one that fits is applied."""
+    runner = await harness.start(
+        hook("deep", 0, answers={POST: Metadata(key="m", value=nested(200))}),
+        hook("fits", 1, answers={POST: Metadata(key="n", value=nested(126))}),
+        hook(
+            "strict", 2, failure_policy="fail", answers={PRE: MutateInput(updated_args=nested(300))}
+        ),
+    )
+    result = await runner.run_post_tool_use(PostToolUseContext(session_id="s1", tool_name="t"))
+    assert [(s.hook_name, s.kind) for s in result.skipped] == [("deep", "error")]
+    assert result.skipped[0].detail == (
+        "the hook's answer could not be sent: HookReply nests more than 128 levels deep; "
+        "the limit is 128 (MAX_DEPTH)"
+    )
+    assert result.metadata == {"n": nested(126)}
+    blocked = await runner.run_pre_tool_use(pre())
+    assert blocked.is_blocked and "hook strict failed: the hook's answer" in blocked.action.reason

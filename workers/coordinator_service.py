@@ -47,6 +47,7 @@ from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     UNREACHABLE,
     Entry,
+    Settled,
     cancel_session,
     consume,
     dead_letter,
@@ -59,6 +60,8 @@ from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
 _failures = RateLimitedLog(log)
+#: Round trips of its own a replica has in flight at most (redis-py's pool holds 100).
+IO_SLOTS = 32
 #: Events whose result decides something: a result that cannot be sent becomes a refusal.
 _DECIDING = (
     HookEvent.PRE_TOOL_USE,
@@ -220,9 +223,13 @@ class CoordinatorService:
         self.expired = ExpiredDrops(log, "decision requests")
         self._skew_logged_at = -1e9
         self._in_flight: dict[Source, dict[bytes, asyncio.Task[None]]] = {}
+        self._settled: dict[Source, Settled] = {}
         self._readers: dict[Source, asyncio.Task[None]] = {}
         #: Requests still being answered for tenants removed meanwhile.
         self._retired: list[asyncio.Task[None]] = []
+        # The service's own round trips at once (replies, dead letters, acknowledgements): a
+        # burst of requests, poison ones above all, must not exhaust the connection pool.
+        self._io = asyncio.Semaphore(IO_SLOTS)
         self.ready = asyncio.Event()
 
     @property
@@ -270,6 +277,7 @@ class CoordinatorService:
         # still waiting (requests past ts + timeout_ms are dropped below).
         await ensure_group(self.redis, source.stream, COORDINATORS_GROUP, start="0")
         self._in_flight[source] = {}
+        self._settled[source] = Settled()
         self._readers[source] = asyncio.create_task(self._loop(source, stop))
 
     async def _serve_tenants(self, stop: asyncio.Event) -> None:
@@ -308,7 +316,7 @@ class CoordinatorService:
 
     def _start(self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         flights = self._in_flight[source]
-        if entry_id in flights:
+        if entry_id in flights or entry_id in self._settled[source]:
             return
         task = asyncio.create_task(self._answer_safely(source, entry_id, fields))
         flights[entry_id] = task
@@ -330,6 +338,7 @@ class CoordinatorService:
                         self.coordinator.id,
                         self._in_flight[source],
                         idle_ms,
+                        dlq=self.keys.dlq,
                     ):
                         self.stats["claimed"] += 1
                         _failures.info(
@@ -368,9 +377,12 @@ class CoordinatorService:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be answered: {type(exc).__name__}: {exc}"
-            await dead_letter(self.redis, self.keys, source.stream, why, data)
+            async with self._io:
+                await dead_letter(
+                    self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
+                )
             with contextlib.suppress(*UNREACHABLE):
-                await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
+                await self._ack(source, entry_id)
 
     def _may_reply(self, source: Source, key: str) -> bool:
         if source.tenant:
@@ -415,7 +427,7 @@ class CoordinatorService:
             self.stats["expired"] += 1
             self.expired.drop(f"request {request.id} for {request.event}, {late:.3f} s late")
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
-                await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
+                await self._ack(source, entry_id)
             return
         await self._send(source, entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
@@ -470,22 +482,27 @@ class CoordinatorService:
         as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
         whatever the hooks' policies, and recorded as a dead letter. A request whose event or
         reply_to cannot be read is rejected as any other malformed one."""
-        head = decode_head(data, _Head)
+        # Reading the head of a message over the bounds walks all of it (up to ~0.2 s for a
+        # megabyte of small strings): off the event loop, so that other decisions go on.
+        head = await asyncio.to_thread(decode_head, data, _Head)
         try:
             event = HookEvent(head.event) if head is not None else None
         except ValueError:
             event = None
         if head is None or event is None or not self._may_reply(source, head.reply_to):
-            await self._reject(source, entry_id, data, exc)
+            await self._reject(source, entry_id, data, exc, head or _ReplyTo())
             return
         self.stats["refused"] += 1
         _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
         why = f"{event.value} refused: {exc}"
-        await dead_letter(self.redis, self.keys, source.stream, why, data)
+        async with self._io:
+            await dead_letter(
+                self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
+            )
         if head.ts and head.ts + head.timeout_ms < now_ms():
             self.stats["expired"] += 1
             with contextlib.suppress(*UNREACHABLE):
-                await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
+                await self._ack(source, entry_id)
             return
         result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(exc))
         reply = DecisionReply(
@@ -494,12 +511,18 @@ class CoordinatorService:
         await self._send(source, entry_id, head.reply_to, reply)
 
     async def _reject(
-        self, source: Source, entry_id: bytes, data: bytes, exc: InvalidInputError
+        self,
+        source: Source,
+        entry_id: bytes,
+        data: bytes,
+        exc: InvalidInputError,
+        head: _ReplyTo | None = None,
     ) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""
         self.stats["rejected"] += 1
         _failures.warning("rejected decision request %s: %s", entry_id.decode(), exc)
-        head = decode_head(data, _ReplyTo) or _ReplyTo()
+        if head is None:  # within the bounds (else read by _refuse): cheap to read
+            head = decode_head(data, _ReplyTo) or _ReplyTo()
         if self._may_reply(source, head.reply_to):
             reply = DecisionReply(
                 id=new_id(),
@@ -512,8 +535,21 @@ class CoordinatorService:
             await self._send(source, entry_id, head.reply_to, reply)
         else:
             self.stats["dead_lettered"] += 1
-            await dead_letter(self.redis, self.keys, source.stream, str(exc), data)
+            async with self._io:
+                await dead_letter(
+                    self.redis,
+                    self.keys,
+                    source.stream,
+                    str(exc),
+                    data,
+                    entry_id=entry_id.decode(),
+                )
+            await self._ack(source, entry_id)
+
+    async def _ack(self, source: Source, entry_id: bytes) -> None:
+        async with self._io:
             await self.redis.xack(source.stream, COORDINATORS_GROUP, entry_id)
+        self._settled[source].add(entry_id)
 
     async def _send(
         self, source: Source, entry_id: bytes, reply_to: str, reply: DecisionReply
@@ -531,10 +567,11 @@ class CoordinatorService:
                 fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
             payload = encode(fallback)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
+            async with self._io, self.redis.pipeline(transaction=False) as pipe:
                 pipe.rpush(reply_to, payload)
                 pipe.pexpire(reply_to, REPLY_TTL_MS)
                 pipe.xack(source.stream, COORDINATORS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled[source].add(entry_id)
         except (RedisError, OSError) as exc:
             _failures.warning("could not answer %s: %s", reply.request_id, exc)

@@ -9,6 +9,7 @@ makes it) and the Keys, and return plain data; the ``render_*`` helpers turn tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -44,7 +45,7 @@ from bus.protocol import (
     now_ms,
 )
 from bus.redis_io import dead_letter_entry
-from bus.retention import HARD_CAP_FACTOR
+from bus.retention import hard_cap
 
 _DATA = DATA_FIELD.encode()
 _STREAM_ID = re.compile(r"^\d+(-\d+)?$")
@@ -195,6 +196,10 @@ class GroupLag:
     consumers: int
     idle_secs: float | None  # how long the least idle consumer has been idle
     cap: int | None  # the stream's hard cap (entries beyond it are dropped), if any
+    #: Entries the hard cap cut before the group handled them: counted (``{p}:hook:{name}:lost``),
+    #: or cut and not yet counted (a gap before its next entry, or entries pending when cut).
+    #: Not part of ``lag`` and ``pending``: those no longer exist.
+    lost: int = 0
 
     @property
     def backlog(self) -> int:
@@ -212,15 +217,18 @@ async def consumer_lag(
     events_maxlen: int,
     requests_maxlen: int,
     now: int | None = None,
+    audit_maxlen: int | None = None,
 ) -> list[GroupLag]:
-    """Every group on each events partition and on each sync hook's request streams.
-
-    Async hooks' replay streams are listed too, but only while they hold a backlog.
+    """Every group on each events partition, on the audit trail and on each sync hook's
+    request streams. Async hooks' replay streams are listed too, but only while they hold a
+    backlog or lost entries.
     """
     now = await redis_ms(redis) if now is None else now  # stream ids are on Redis's clock
     out: list[GroupLag] = []
     for partition in keys.event_partitions:
-        out += await _stream_lag(redis, partition, HARD_CAP_FACTOR * events_maxlen, now)
+        out += await _stream_lag(redis, keys, partition, hard_cap(events_maxlen), now)
+    audit_cap = AUDIT_MAXLEN if audit_maxlen is None else hard_cap(audit_maxlen)
+    out.extend(await _stream_lag(redis, keys, keys.audit, audit_cap, now))
     manifests = await read_manifests(redis, keys)
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
@@ -231,41 +239,78 @@ async def consumer_lag(
             continue
         if kind == "sync":
             for shard in range(max(1, decode(value, HookManifest).shards)):
-                rows = await _stream_lag(redis, keys.requests(name, shard), requests_maxlen, now)
+                stream = keys.requests(name, shard)
+                rows = await _stream_lag(redis, keys, stream, requests_maxlen, now)
                 out.extend(r for r in rows if r.group == WORKERS_GROUP)
         else:
-            rows = await _stream_lag(redis, keys.replay(name), None, now)
-            out.extend(r for r in rows if r.backlog)
+            rows = await _stream_lag(redis, keys, keys.replay(name), None, now)
+            out.extend(r for r in rows if r.backlog or r.lost)
     return out
 
 
-async def _stream_lag(redis: Redis, stream: str, cap: int | None, now: int) -> list[GroupLag]:
+def _stream_id(value: Any) -> tuple[int, int]:
+    ms, _, seq = _text(value).partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def _stream_lag(
+    redis: Redis, keys: Keys, stream: str, cap: int | None, now: int
+) -> list[GroupLag]:
+    """The groups of one stream. What the hard cap cut is "lost", never lag or pending: the
+    count a hook service recorded (bus/retention.py), plus what it has not seen yet — the gap
+    between a group's last delivered entry and the stream's first (Redis counts entries added
+    and read), and pending entries older than the first."""
     try:
         groups: Any = await redis.xinfo_groups(stream)
+        info: Any = await redis.xinfo_stream(stream)
     except ResponseError:  # no such stream
         return []
+    length, added = int(info["length"]), int(info.get("entries-added") or 0)
+    first = _stream_id(info["recorded-first-entry-id"]) if length else None
+    last = _stream_id(info["last-generated-id"])
     out: list[GroupLag] = []
     for g in groups:
         name = _text(g["name"])
         pending = int(g["pending"])
         oldest: float | None = None
+        cut_pending = 0
         if pending:
             summary: Any = await redis.xpending(stream, name)
             if summary.get("min"):
                 oldest = _secs(now - _id_ms(_text(summary["min"])))
+            if first is None:
+                cut_pending = pending
+            elif _stream_id(summary["min"]) < first:
+                below = f"({first[0]}-{first[1]}"
+                cut: Any = await redis.xpending_range(stream, name, "-", below, pending)
+                cut_pending = len(cut)
+        lag = None if g.get("lag") is None else int(g["lag"])
+        gap = 0
+        if lag is not None and g.get("entries-read") is not None:
+            delivered = _stream_id(g["last-delivered-id"])
+            if first is None or delivered < first:
+                gap = max(0, added - int(g["entries-read"]) - length)
+            elif delivered == last:
+                gap = lag
+        counted = 0
+        if stream != keys.requests(name):  # a hook service's group: its recorded count
+            with contextlib.suppress(HookBusError):
+                counted = int(
+                    await redis.hget(keys.lost(check_name("hook name", name)), stream) or 0
+                )
         consumers: Any = await redis.xinfo_consumers(stream, name)
         idle = [int(c["idle"]) for c in consumers]
-        lag = g.get("lag")
         out.append(
             GroupLag(
                 stream=stream,
                 group=name,
-                lag=None if lag is None else int(lag),
-                pending=pending,
+                lag=None if lag is None else lag - gap,
+                pending=pending - cut_pending,
                 oldest_pending_secs=oldest,
                 consumers=len(consumers),
                 idle_secs=_secs(min(idle)) if idle else None,
                 cap=cap,
+                lost=counted + gap + cut_pending,
             )
         )
     return out
@@ -735,7 +780,10 @@ async def collect_metrics(redis: Redis, keys: Keys) -> dict[str, dict[str, str]]
     names = sorted(_text(m) for m in await redis.smembers(keys.hooks))
     out: dict[str, dict[str, str]] = {}
     for name in names:
-        figures: Any = await redis.hgetall(keys.metrics(name))
+        try:
+            figures: Any = await redis.hgetall(keys.metrics(name))
+        except ResponseError:  # not a hash (WRONGTYPE): no figures of a metrics hook
+            continue
         if figures:
             out[name] = {_text(k): _text(v) for k, v in figures.items()}
     return out
@@ -777,7 +825,8 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
-_NUMERIC = {"priority", "timeout", "live", "last beat", "lag", "pending", "oldest pending"}
+_NUMERIC = {"priority", "timeout", "live", "last beat", "lag", "pending", "lost"}
+_NUMERIC |= {"oldest pending"}
 _NUMERIC |= {"consumers", "idle", "deliveries", "value"}
 
 
@@ -829,25 +878,29 @@ def render_lag(rows: list[GroupLag]) -> RenderableType:
         return Text("no consumer groups yet (no async hook has joined the events stream)")
     table = _table(
         "consumer groups",
-        "stream", "group", "lag", "pending", "oldest pending", "consumers", "idle", "note",
+        "stream", "group", "lag", "pending", "lost", "oldest pending", "consumers", "idle",
+        "note",
     )  # fmt: skip
     for r in rows:
-        note = ""
+        notes = []
+        if r.lost:
+            notes.append(f"LOST {r.lost}: cut by the stream cap before handled (see dlq list)")
         if r.at_risk:
-            note = f"AT RISK: backlog {r.backlog} past half the stream cap of {r.cap}"
+            notes.append(f"AT RISK: backlog {r.backlog} past half the stream cap of {r.cap}")
         elif r.consumers == 0 and r.backlog:
-            note = "no consumer"
+            notes.append("no consumer")
         _row(
             table,
             r.stream,
             r.group,
             "?" if r.lag is None else r.lag,
             r.pending,
+            r.lost,
             _ago(r.oldest_pending_secs),
             r.consumers,
             _ago(r.idle_secs),
-            note,
-            style="red" if r.at_risk else "",
+            "; ".join(notes),
+            style="red" if r.at_risk or r.lost else "",
         )
     return table
 

@@ -54,6 +54,7 @@ from bus.protocol import (
 from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     Entry,
+    Settled,
     connect,
     consume,
     dead_letter,
@@ -133,6 +134,7 @@ class HookWorker:
         self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
+        self._settled = Settled()
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
@@ -228,7 +230,7 @@ class HookWorker:
         )
 
     async def _start(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
-        if entry_id in self._in_flight:
+        if entry_id in self._in_flight or entry_id in self._settled:
             return
         await self._slots.acquire()
         self._in_flight[entry_id] = None
@@ -264,7 +266,9 @@ class HookWorker:
             )
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be handled: {type(exc).__name__}: {exc}"
-            await dead_letter(self.redis, self.keys, self.stream, why, data)
+            await dead_letter(
+                self.redis, self.keys, self.stream, why, data, entry_id=entry_id.decode()
+            )
             await self._ack(entry_id)
 
     async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
@@ -281,7 +285,14 @@ class HookWorker:
         except ProtocolError as exc:
             self.stats["malformed"] += 1
             _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
-            await dead_letter(self.redis, self.keys, self.stream, str(exc), data or b"")
+            await dead_letter(
+                self.redis,
+                self.keys,
+                self.stream,
+                str(exc),
+                data or b"",
+                entry_id=entry_id.decode(),
+            )
             await self._refuse(data or b"", exc)
             await self._ack(entry_id)
             return
@@ -332,6 +343,7 @@ class HookWorker:
                 pipe.pexpire(request.reply_to, REPLY_TTL_MS)
                 pipe.xack(self.stream, WORKERS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled.add(entry_id)
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
             _failures.warning("could not reply to %s: %s", request.id, exc)
@@ -383,7 +395,11 @@ class HookWorker:
             return outcome
 
     async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
-        """Tell the requester at once, when it can be told, instead of letting it time out."""
+        """Tell the requester at once, when it can be told, instead of letting it time out. A
+        request over the bounds of ``bus/limits.py`` is not read further (no coordinator of
+        HookBus sends one: it refuses such a context before asking any hook)."""
+        if isinstance(exc, LimitError):
+            return
         head = decode_head(data, _Head)
         if head is None or not (head.id and self.keys.is_inbox(head.reply_to)):
             return
@@ -403,6 +419,7 @@ class HookWorker:
     async def _ack(self, entry_id: bytes) -> None:
         try:
             await self.redis.xack(self.stream, WORKERS_GROUP, entry_id)
+            self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
             log.warning("could not acknowledge %s: %s", entry_id.decode(), exc)
 
@@ -418,8 +435,9 @@ class HookWorker:
                     last_beat = time.monotonic()
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
-                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms
-                ):
+                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms,
+                    dlq=self.keys.dlq, hook=self.spec.name,
+                ):  # fmt: skip
                     self.stats["claimed"] += 1
                     await self._start(entry_id, fields)
             except (RedisError, OSError) as exc:

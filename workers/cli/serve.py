@@ -133,6 +133,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     coordinator.set_defaults(func=_coordinator)
 
+    from workers import gateway as gateway_command  # its options and run(); Starlette on demand
+
+    gateway = add_redis_options(
+        sub.add_parser("gateway", help="decisions over HTTP (bearer token per tenant)")
+    )
+    gateway_command.add_arguments(gateway)
+    gateway.set_defaults(func=gateway_command.run)
+
     up = add_redis_options(
         sub.add_parser(
             "up",
