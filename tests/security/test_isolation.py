@@ -25,6 +25,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -317,3 +318,25 @@ def test_a_tenant_the_operator_removes_is_no_longer_answered(bus: Bus) -> None:
     # Added again: answered, the waiting request included.
     operator(bus.acl, "tenants", "add", "acme")
     assert acme.redis.blpop([inbox], 20) is not None
+
+
+def test_the_http_gateway_runs_as_the_coordinator_and_qualifies_a_tenants_sessions(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Through the HTTP gateway an untrusted agent holds a bearer token only; the gateway holds
+    the coordinator's credential (and needs nothing more: ACL LOG stays empty). A request
+    naming beta's cancelled session is acme's own session, untouched by beta's cancellation."""
+    from tests.test_gateway import post, start_gateway
+
+    operator(bus.acl, "cancel", "beta/s1")
+    gateway = start_gateway(bus.procs, bus.acl.settings("coordinator"), tmp_path, tenant="acme")
+
+    def decide(session: str, tool: str) -> str:
+        body = {"event": "PreToolUse", "context": {"session_id": session, "tool_name": tool}}
+        status, reply, _ = post(gateway.port, "/v1/decisions", body, gateway.token)
+        assert status == 200, reply
+        return str(reply["result"]["action"]["type"])
+
+    assert decide("s1", "rm") == "Block"  # Guard answers through the gateway
+    assert decide("beta/s1", "ls") == "Continue"  # acme's "beta/s1", not beta's s1
+    assert bus.beta.tool("s1", "ls") == "Block"  # beta's own session is still cancelled
