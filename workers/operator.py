@@ -645,17 +645,12 @@ async def repair_stream(
             known += [_id(d) for d in positions.values() if _id(d) <= limit]
             new_last = max(known)
             beyond = [(g, d) for g, d in positions.items() if _id(d) > new_last]
-            for entry_id, fields in future:
-                if entry_id in lettered:
-                    continue
-                if stream == keys.dlq:
-                    later.append((entry_id, fields))
-                else:
-                    await redis.xadd(  # not the pipe: another key (another slot)
-                        keys.dlq, _repair_letter(stream, entry_id, fields, now), maxlen=100_000,
-                        approximate=True,
-                    )  # fmt: skip
-                lettered.add(entry_id)
+            fresh = [(i, f) for i, f in future if i not in lettered]
+            if stream == keys.dlq:
+                later += fresh
+            else:
+                await _dead_letter_all(redis, keys, stream, fresh, now)
+            lettered.update(i for i, _ in fresh)
             ids = [i for i, _ in future]
             pipe.multi()
             for start in range(0, len(ids), CHUNK):
@@ -675,11 +670,7 @@ async def repair_stream(
         break
     else:
         raise HookBusError(f"{stream} kept changing: repair it again")
-    for entry_id, fields in later:
-        await redis.xadd(
-            keys.dlq, _repair_letter(stream, entry_id, fields, now), maxlen=100_000,
-            approximate=True,
-        )  # fmt: skip
+    await _dead_letter_all(redis, keys, stream, later, now)
     repair = Repair(stream, last, _id_text(limit), _id_text(new_last), tuple(ids), tuple(beyond))
     moved = ", ".join(f"group {g} from {d}" for g, d in beyond) or "no group"
     detail = (
@@ -689,6 +680,19 @@ async def repair_stream(
     )
     await _record(redis, keys, "repair", "stream", detail, by)
     return repair
+
+
+async def _dead_letter_all(
+    redis: Redis, keys: Keys, stream: str, entries: list[tuple[str, dict[str, str]]], now: int
+) -> None:
+    """Copy ``entries`` to the dead letters, in order (not through the WATCHing pipeline: the
+    dead letters are another key, on another slot in a cluster)."""
+    for start in range(0, len(entries), CHUNK):
+        async with redis.pipeline(transaction=False) as pipe:
+            for entry_id, fields in entries[start : start + CHUNK]:
+                letter = _repair_letter(stream, entry_id, fields, now)
+                pipe.xadd(keys.dlq, letter, maxlen=100_000, approximate=True)
+            await pipe.execute()
 
 
 def _repair_letter(stream: str, entry_id: str, fields: dict[str, str], now: int) -> dict[Any, Any]:
