@@ -251,7 +251,8 @@ def test_residual_an_async_hook_credential_reads_the_events_as_any_group(
     acl: AclServer, attacker: Any
 ) -> None:
     """docs/security.md, residual risks: Redis ACLs restrict keys, not consumer group names, so
-    an async hook's credential reads (and can reset or trim) the events partitions as any group.
+    an async hook's credential reads the events partitions as any group, moves another group's
+    position and trims them.
     It reaches nothing else another credential guards."""
     tail: Attacker = attacker("hook-Tail")
     # (It may SCRIPT LOAD: bus/retention.py's scripts run by EVALSHA on the events partitions,
@@ -264,6 +265,7 @@ def test_residual_an_async_hook_credential_reads_the_events_as_any_group(
     read = tail.redis.xreadgroup("AsyncAuditLogHook", "tail", {EVENTS: ">"})
     assert len(read[0][1]) == 1
     assert tail.redis.xgroup_setid(EVENTS, "AsyncAuditLogHook", "0")
+    assert tail.redis.xtrim(EVENTS, maxlen=0) == 1
 
 
 @pytest.mark.parametrize("user", ["coordinator", "operator"])
