@@ -38,6 +38,9 @@ from workers.cli import build_parser
 from workers.redis_server import free_port, stop_process
 from workers.worker import load_hook
 
+K = Keys("hookbus")  # the deploy uses the default prefix
+EVENTS, DECISIONS = K.event_partitions[0], K.decision_partitions[0]
+
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = ROOT / "deploy" / "schemas"
@@ -333,7 +336,13 @@ def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
 
 
 USERS = re.findall(r"^user (\S+) ", (REDIS_DIR / "users.acl").read_text(), re.M)
-PASSWORDS = {user: f"{user}-{os.getpid()}-pw" for user in USERS if user != "default"}
+
+
+def password(user: str) -> str:
+    return f"{user}-{os.getpid()}-pw"
+
+
+PASSWORDS = {user: password(user) for user in USERS if user != "default"}
 ADMIN = "admin-test-pw"
 
 
@@ -344,11 +353,22 @@ def password_var(user: str) -> str:
 
 class AclRedis:
     """redis-server started by deploy/redis/start.sh from users.acl, plus an ``admin`` user of
-    the test's own (to read ACL LOG)."""
+    the test's own (to read ACL LOG), and a user for each of ``hooks`` (MODULE:CLASS or NAME,
+    as ``hookbus acl --hooks`` takes them) the stack does not run."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, hooks: tuple[str, ...] = ()) -> None:
+        from workers.acl import hook_user_of, users
+
+        extra = [
+            (user, rules)
+            for user, _, rules in users([hook_user_of(h) for h in hooks], [])
+            if user.startswith("hook-")
+        ]
+        lines = "".join(f"user {user} {rules}\n" for user, rules in extra)
         template = tmp / "users.acl"
-        template.write_text((REDIS_DIR / "users.acl").read_text() + "user admin on ~* &* +@all\n")
+        template.write_text(
+            (REDIS_DIR / "users.acl").read_text() + lines + "user admin on ~* &* +@all\n"
+        )
         self.port = free_port()
         env = {
             **os.environ,
@@ -356,6 +376,7 @@ class AclRedis:
             "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
             "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
             **{password_var(u): p for u, p in PASSWORDS.items()},
+            **{password_var(u): password(u) for u, _ in extra},
             "HOOKBUS_ADMIN_PASSWORD": ADMIN,
         }
         self.log = tmp / "redis.log"
@@ -381,7 +402,7 @@ class AclRedis:
         until(up, "redis-server started by deploy/redis/start.sh", timeout=20)
 
     def url(self, user: str) -> str:
-        return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{self.port}/0"
+        return f"redis://{user}:{password(user)}@127.0.0.1:{self.port}/0"
 
     def denied(self) -> list[str]:
         """What Redis refused, one line per ACL LOG entry."""
@@ -653,3 +674,13 @@ def test_every_role_reads_redis_clock_and_only_workers_publish_offsets(
     finally:
         for client in clients.values():
             client.close()
+
+
+def test_the_generated_users_password_variables_are_known() -> None:
+    """A hook or tenant user's password variable (start.sh reads it) is no typo to warn about;
+    a variable that only looks like one is."""
+    from bus.settings import unknown_variables
+
+    env = {password_var(u): "x" for u in USERS if u != "default"}
+    assert unknown_variables(env) == []
+    assert unknown_variables({"HOOKBUS_HOOK_GUARD_PASSWRD": "x"}) == ["HOOKBUS_HOOK_GUARD_PASSWRD"]

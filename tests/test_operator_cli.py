@@ -348,7 +348,8 @@ def test_dlq_show_prints_a_poison_message_nested_100000_levels_as_text(
     """What no decoder could take is still shown: as text, not parsed (no RecursionError)."""
     keys = Keys(bus_settings.prefix)
     poison = "[" * 100_000 + "]" * 100_000
-    entry = r.xadd(keys.dlq, {"source": keys.events, "reason": "nests more", "data": poison})
+    source = keys.event_partitions[0]
+    entry = r.xadd(keys.dlq, {"source": source, "reason": "nests more", "data": poison})
     out = ok(hookbus(bus_settings, "dlq", "show", entry.decode()))
     assert "data:" in out and "data (JSON):" not in out
     assert out.count("[") >= 100_000 and "Traceback" not in out

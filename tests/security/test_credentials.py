@@ -273,15 +273,17 @@ def test_the_service_credentials_cannot_forge_what_they_do_not_write(
     acl: AclServer, attacker: Any, user: str
 ) -> None:
     """The coordinator adds cancellations (a tenant's own) and never lifts one; the operator
-    alone lifts them. Neither reads another role's requests as a worker."""
+    alone lifts them. Neither reads a hook's requests as a worker, deletes a stream or trims
+    one."""
     who: Attacker = attacker(user)
     attacks: list[tuple[Any, ...]] = [
-        ("SET", KEYS.manifest("Guard"), "{}"), ("SREM", KEYS.hooks, "Guard"),
+        ("SREM", KEYS.hooks, "Guard"), ("DEL", GUARD_REQUESTS), ("XTRIM", EVENTS, "MAXLEN", "0"),
         ("XREADGROUP", "GROUP", "workers", "x", "STREAMS", GUARD_REQUESTS, ">"),
         *SERVER_ATTACKS,
     ]  # fmt: skip
     if user == "coordinator":
         attacks += [
+            ("SET", KEYS.manifest("Guard"), "{}"),  # (the operator's tombstone: hooks remove)
             ("DEL", CANCELLED), ("SREM", CANCELLED, "operator"), ("SET", CANCELLED, "1"),
             ("HSET", KEYS.modes, "Guard", "dryrun"), ("SET", KEYS.breakglass, "{}"),
             ("SADD", KEYS.tenants, "evil"),

@@ -109,7 +109,7 @@ def _hooks_remove(args: argparse.Namespace) -> int:
             )
             return 1
         if done.group_destroyed:
-            print(f"its consumer group on {keys.events} is destroyed: retention moves on")
+            print("its consumer group on the events stream is destroyed: retention moves on")
         return 0
 
     return with_redis(args, work)
