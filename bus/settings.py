@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Mapping
 
 import msgspec
@@ -124,6 +125,9 @@ KNOWN_VARIABLES = frozenset(
 )
 #: Left alone: names a test suite may use for itself.
 RESERVED_PREFIXES = ("HOOKBUS_TEST_",)
+#: The passwords start.sh reads for the generated users ``hook-NAME`` and ``tenant-NAME``
+#: (workers/acl.py): one per hook service and per tenant, so known by their form.
+USER_PASSWORD = re.compile(r"^HOOKBUS_(HOOK|TENANT)_[A-Z0-9_]+_PASSWORD$")
 
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
@@ -134,7 +138,7 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     for name in sorted(env):
         if not name.startswith("HOOKBUS_") or name in KNOWN_VARIABLES:
             continue
-        if name.startswith(RESERVED_PREFIXES):
+        if name.startswith(RESERVED_PREFIXES) or USER_PASSWORD.match(name):
             continue
         close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
         found.append(f"{name} (did you mean {close[0]}?)" if close else name)

@@ -239,7 +239,7 @@ async def test_hooks_remove_retires_a_fail_hook_while_its_replicas_run(
     from workers.testing import context
 
     admin, keys = acl_redis.admin, Keys("hookbus")
-    worker_url, operator = acl_redis.url("worker"), acl_redis.url("operator")
+    worker_url, operator = acl_redis.url("hook-SecretGuard"), acl_redis.url("operator")
     log = tmp_path / "workers.log"
     target = "workers.demo_hooks:SecretGuard"
     replicas = [acl_worker(worker_url, target, log) for _ in range(2)]
@@ -306,8 +306,10 @@ async def test_hooks_remove_retires_a_fail_hook_while_its_replicas_run(
 
 
 def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
-    acl_redis: AclRedis, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
+    # EventCounter is no service of the stack: its user is generated here, as for any new hook.
+    acl_redis = AclRedis(tmp_path, hooks=("workers.demo_hooks:EventCounter",))
     admin, keys = acl_redis.admin, Keys("hookbus")
     log = tmp_path / "workers.log"
 
@@ -316,7 +318,7 @@ def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
             return set()
         return {g["name"] for g in admin.xinfo_groups(keys.event_partitions[0])}
 
-    replica = acl_worker(acl_redis.url("worker"), "workers.demo_hooks:EventCounter", log)
+    replica = acl_worker(acl_redis.url("hook-EventCounter"), "workers.demo_hooks:EventCounter", log)
     try:
         until(
             lambda: b"EventCounter" in groups(),
@@ -328,7 +330,9 @@ def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
         assert b"EventCounter" not in groups()
     finally:
         stop(replica)
-    assert acl_redis.denied() == []
+        denied = acl_redis.denied()
+        acl_redis.close()
+    assert denied == []
 
 
 def test_hooks_remove_refuses_an_unknown_hook(bus_settings: BusSettings) -> None:
