@@ -116,7 +116,7 @@ def start_gateway(
 
 def events_of(settings: BusSettings) -> list[EventMessage]:
     with Redis.from_url(settings.redis_url) as redis:
-        entries = redis.xrange(Keys(settings.prefix).events)
+        entries = redis.xrange(Keys(settings.prefix).event_partitions[0])
     return [decode(fields[b"data"], EventMessage) for _, fields in entries]
 
 
@@ -204,7 +204,7 @@ def test_a_cancelled_session_stops_claude_code(
 
 def decision_request(**fields: Any) -> dict[str, Any]:
     return {
-        "v": 1, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
+        "v": 2, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s-http", "tool_name": "file_read",
                     "tool_args": {"path": "app/.env"}},
         "timeout_ms": 5000, **fields,
@@ -221,7 +221,7 @@ def test_decisions_endpoint_answers_like_the_coordinator_service(
     status, reply, headers = gateway.post("/v1/decisions", request)
     assert status == 200 and headers["content-type"] == "application/json", reply
     assert (reply["v"], reply["request_id"], reply["event"], reply["status"]) == (
-        1, request["id"], "PreToolUse", "ok")  # fmt: skip
+        2, request["id"], "PreToolUse", "ok")  # fmt: skip
     assert reply["result"]["action"] == {
         "type": "Block",
         "reason": ".env files hold secrets; file_read on them is not allowed",
@@ -241,7 +241,7 @@ def test_decisions_endpoint_answers_like_the_coordinator_service(
         (json.dumps(decision_request(event="PreToolCall")).encode(), "$.event", "PreToolCall"),
         (json.dumps(decision_request(context={"session_id": "s", "tool_name": 3})).encode(),
          "$.context.tool_name", "Expected `str`, got `int`"),
-        (json.dumps(decision_request(v=2)).encode(), "$.v", "protocol version 2"),
+        (json.dumps(decision_request(v=3)).encode(), "$.v", "protocol version 3"),
     ],
     ids=["not-json", "unknown-event", "wrong-type", "version"],
 )  # fmt: skip

@@ -290,9 +290,13 @@ class CoordinatorService:
         # From "0": requests sent while no replica was up are still answered if their agent is
         # still waiting (requests past ts + timeout_ms are dropped below).
         await ensure_group(self.redis, source.stream, COORDINATORS_GROUP, start="0")
+        self._register(source)
+        self._readers[source] = asyncio.create_task(self._loop(source, stop))
+
+    def _register(self, source: Source) -> None:
+        """Track what is in flight and settled on ``source``."""
         self._in_flight[source] = {}
         self._settled[source] = Settled()
-        self._readers[source] = asyncio.create_task(self._loop(source, stop))
 
     async def _serve_tenants(self, stop: asyncio.Event) -> None:
         """Answer every tenant in ``{p}:tenants``, and stop answering those removed from it."""
