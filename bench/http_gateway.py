@@ -61,7 +61,7 @@ from bench.sync_dispatch import (
     wait_until,
 )
 from bus.keys import Keys
-from bus.protocol import new_id, now_ms, raw
+from bus.protocol import PROTOCOL_VERSION, new_id, now_ms, raw
 from workers.gateway import digest
 from workers.redis_server import free_port
 
@@ -138,7 +138,7 @@ def decision_body() -> tuple[str, bytes]:
     """The protocol's DecisionRequest (no reply_to: HTTP answers on the connection)."""
     request_id = new_id()
     body = {
-        "v": 1, "id": request_id, "ts": now_ms(), "event": "PreToolUse",
+        "v": PROTOCOL_VERSION, "id": request_id, "ts": now_ms(), "event": "PreToolUse",
         "context": raw(context()), "timeout_ms": int(CALL_TIMEOUT * 1000),
     }  # fmt: skip
     return f'"request_id":"{request_id}"', msgspec.json.encode(body)
