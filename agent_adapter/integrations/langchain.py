@@ -307,9 +307,7 @@ async def decide_interrupt(
         if permission.decision == PermissionDecision.ALLOW:
             decisions.append({"type": "approve"})
         elif permission.decision == PermissionDecision.DENY:
-            decisions.append(
-                {"type": "reject", "message": f"Permission denied: {permission.reason}"}
-            )
+            decisions.append({"type": "reject", "message": permission.reason})
         else:
             decisions.append(None)
     return decisions
