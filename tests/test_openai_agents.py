@@ -319,3 +319,56 @@ async def test_distributed_rewrite_of_input_and_output_by_scripted_workers(
         await bus.run(bus.wrap(Agent(name="main", model=model, tools=[tools.file_write])), "w")
     assert tools.ran == [("file_write", {"path": "notes/a.txt", "text": "hi"})]
     assert outputs(model)["w1"] == "written (details withheld)"
+
+
+async def test_an_agent_used_as_a_tool_is_one_hooked_call_and_its_own_tools_can_be_hooked() -> None:
+    registry = HookRegistry()
+    registry.add(SecretGuard())
+    seen = Recorder("seen", events=(HookEvent.PRE_TOOL_USE,))
+    registry.add(seen)
+    tools = Tools()
+    inner_model = ScriptedModel(
+        [[function_call("file_read", {"path": ".env"}, call_id="i1")], [assistant_message("no")]]
+    )
+    bus = HookBusAgents(registry)
+    reader = bus.wrap(Agent(name="reader", model=inner_model, tools=[tools.file_read]))
+    outer_model = ScriptedModel(
+        [[function_call("ask_reader", {"input": "read .env"}, call_id="o1")],
+         [assistant_message("done")]]
+    )  # fmt: skip
+    agent = bus.wrap(
+        Agent(name="main", model=outer_model, tools=[reader.as_tool("ask_reader", "Reads.")])
+    )
+    await bus.run(agent, "go", session_id="s-5")
+    assert tools.ran == []
+    assert outputs(inner_model)["i1"].startswith("Tool call blocked by a hook. SecretGuard")
+    assert [(c.tool_name, c.session_id) for _, c in seen.calls] == [
+        ("ask_reader", "s-5"),
+        ("file_read", "s-5"),
+    ]
+
+
+async def test_a_failed_run_stops_with_error_and_your_run_hooks_are_still_called() -> None:
+    from agents import RunHooks
+
+    class Mine(RunHooks[Any]):
+        def __init__(self) -> None:
+            self.llm_ends = 0
+
+        async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+            self.llm_ends += 1
+
+    registry = HookRegistry()
+    seen = Recorder("seen", events=(HookEvent.ON_SESSION_STOP,))
+    registry.add(seen)
+    tools = Tools()
+    model = ScriptedModel(
+        [[function_call("file_read", {"path": "a"}, call_id="c1")], RuntimeError("model down")]
+    )
+    mine = Mine()
+    bus = HookBusAgents(registry)
+    with pytest.raises(RuntimeError, match="model down"):
+        await bus.run(bus.wrap(Agent(name="main", model=model, tools=[tools.file_read])), "go",
+                      hooks=mine)  # fmt: skip
+    assert mine.llm_ends == 1
+    assert [(c.terminal, c.total_steps) for _, c in seen.calls] == [(TurnTerminal.ERROR, 1)]
