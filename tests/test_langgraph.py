@@ -23,6 +23,7 @@ from langgraph.types import Command
 from agent_adapter.client import HookClient
 from agent_adapter.integrations.langchain import HookBusMiddleware, decide_interrupt
 from bus import (
+    Block,
     ConfigError,
     HookEvent,
     HookRegistry,
@@ -30,6 +31,7 @@ from bus import (
     MutateOutput,
     Override,
     PermissionDecision,
+    SessionCancelled,
     ToolMatchFilter,
     TurnTerminal,
 )
@@ -295,3 +297,35 @@ async def test_distributed_rewrite_of_input_and_output_by_scripted_workers(
         out = await agent.ainvoke(QUESTION)
     assert tools.ran == [("file_write", {"path": "notes/a.txt", "text": "hi"})]
     assert tool_messages(out)["w1"].content == "written (details withheld)"
+
+
+async def test_a_cancelled_session_stops_the_run_at_its_next_tool_call(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    async with HookClient(bus_settings) as client:
+        await wait_live(client, "CancellationHook")
+        await client.cancel("s-c")  # what `hookbus cancel s-c` does
+        tools = Tools()
+        agent = create_agent(
+            read_env_then_config(), tools.all, middleware=[HookBusMiddleware(client)]
+        )
+        with pytest.raises(SessionCancelled, match="session s-c was cancelled"):
+            await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-c"}})
+        # OnSessionStop reached the hook service: it forgets the cancellation there
+        assert not await client.redis.exists(client.keys.cancelled("s-c"))
+    assert tools.ran == []
+
+
+async def test_a_cancelled_session_reports_cancelled_to_session_stop_hooks() -> None:
+    registry = HookRegistry()
+    registry.add(Recorder("CancellationHook", Block(reason="session s-9 was cancelled by the user"),
+                          events=(HookEvent.PRE_TOOL_USE,)))  # fmt: skip
+    seen = Recorder("seen", events=(HookEvent.ON_SESSION_STOP,))
+    registry.add(seen)
+    agent = create_agent(
+        read_env_then_config(), Tools().all, middleware=[HookBusMiddleware(registry)]
+    )
+    with pytest.raises(SessionCancelled):
+        await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-9"}})
+    assert [(c.session_id, c.terminal) for _, c in seen.calls] == [("s-9", TurnTerminal.CANCELLED)]

@@ -25,6 +25,7 @@ from bus import (
     Override,
     PermissionDecision,
     PermissionRequired,
+    SessionCancelled,
     ToolMatchFilter,
     TurnTerminal,
 )
@@ -372,3 +373,21 @@ async def test_a_failed_run_stops_with_error_and_your_run_hooks_are_still_called
                       hooks=mine)  # fmt: skip
     assert mine.llm_ends == 1
     assert [(c.terminal, c.total_steps) for _, c in seen.calls] == [(TurnTerminal.ERROR, 1)]
+
+
+async def test_a_cancelled_session_stops_the_run_at_its_next_tool_call(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    async with HookClient(bus_settings) as client:
+        await wait_live(client, "CancellationHook")
+        await client.cancel("s-c")  # what `hookbus cancel s-c` does
+        tools = Tools()
+        model = read_env_then_config()
+        bus = HookBusAgents(client)
+        agent = bus.wrap(Agent(name="main", model=model, tools=[tools.file_read]))
+        with pytest.raises(SessionCancelled, match="session s-c was cancelled"):
+            await bus.run(agent, "read both files", session_id="s-c")
+        # OnSessionStop reached the hook service: it forgets the cancellation there
+        assert not await client.redis.exists(client.keys.cancelled("s-c"))
+    assert tools.ran == []

@@ -15,6 +15,8 @@ leaves to hooks:
 * PostToolUse (then, for a failed tool, PostToolUseFailure): ``MutateOutput`` replaces what the
   model sees; ``Warning(truncate_output)`` cuts it.
 * Hook contexts and warnings reach the model as ``<system-reminder>`` blocks after the output.
+* A ``Block`` from the ``CancellationHook`` (``hookbus cancel SESSION``) is a cancelled session:
+  the verdict says so, and the adapters stop the run with ``SessionCancelled``.
 
 Output longer than ``max_output_chars`` is cut before any hook sees it, and the model then gets
 the cut text, never more than the hooks inspected.
@@ -44,6 +46,11 @@ from bus import (
     render_system_reminder,
 )
 from bus.aggregation import truncate
+from workers.cancellation import RedisCancellationHook
+
+#: The hook whose Block means "this session was cancelled" (``hookbus cancel``): the adapters
+#: then stop the run (``SessionCancelled``), not only this one call.
+CANCELLATION_HOOK = RedisCancellationHook.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,7 @@ class Verdict:
     refusal: str | None = None  # set: do not run the tool; this is its result for the model
     rewritten: bool = False  # a hook changed the arguments
     reminders: tuple[str, ...] = ()  # hook contexts for the model, to go after the output
+    cancelled: bool = False  # the block came from the CancellationHook: the session is over
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +116,9 @@ class ToolGate:
         if isinstance(pre.action, Block):
             reason = "; ".join(f"{b.hook_name}: {b.reason}" for b in pre.blocking_errors)
             await self._denied(session_id, tool_name, reason, PermissionDenialSource.RULE)
-            return Verdict(final, f"Tool call blocked by a hook. {reason}", False, reminders)
+            cancelled = any(b.hook_name == CANCELLATION_HOOK for b in pre.blocking_errors)
+            refusal = f"Tool call blocked by a hook. {reason}"
+            return Verdict(final, refusal, False, reminders, cancelled)
         rewritten = final is not args and final != args
         if isinstance(pre.action, PermissionRequired):
             permission = await self.permission(
@@ -152,7 +162,8 @@ class ToolGate:
         decision, source = PermissionDecision.ASK, PermissionDenialSource.RULE
         if isinstance(result.action, Override):
             decision = result.action.decision
-            reason = f"{result.overridden_by}: {result.action.reason}".rstrip(": ")
+            why = result.action.reason
+            reason = f"{result.overridden_by}: {why}" if why else str(result.overridden_by)
         if decision == PermissionDecision.ASK and ask:
             decision, reason, source = await ask_approver(
                 self.approver, self.approval_timeout, tool_name, args, reason

@@ -29,7 +29,8 @@ LangChain / LangGraph    HookBus
 ``after_model``          OnStepComplete (``step``: model calls in this invocation,
                          ``max_steps``: the run's ``recursion_limit``)
 ``after_agent``          OnSessionStop ``Completed`` (LangGraph runs no ``after_agent`` for an
-                         invocation that raises: such a run has no OnSessionStop)
+                         invocation that raises: such a run has no OnSessionStop, but for a
+                         cancelled one: ``Cancelled``, then ``SessionCancelled`` is raised)
 ``HumanInTheLoop         ``decide_interrupt(hooks, value)``: PermissionRequest hooks approve or
 Middleware`` interrupt   reject each call it stopped for; the rest are left to a person
 =======================  ======================================================================
@@ -65,6 +66,7 @@ from bus import (
     ConfigError,
     EventRunner,
     PermissionDecision,
+    SessionCancelled,
     SessionStartContext,
     SessionStopContext,
     StepCompleteContext,
@@ -126,6 +128,7 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         self.gate = ToolGate(hooks, approver=approver)
         self.session_id = session_id or f"langgraph-{uuid.uuid4().hex[:12]}"
         self.portal = portal
+        self._stopped: set[str] = set()  # sessions whose run stopped as cancelled
 
     def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         if self.portal is None:
@@ -138,6 +141,7 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     # -- session and steps -------------------------------------------------------------------
 
     async def _start(self, session: str, state: Mapping[str, Any]) -> None:
+        self._stopped.discard(session)
         turn, _ = _turn(state)
         await self.hooks.run_on_session_start(
             SessionStartContext(session_id=session, turn_index=turn, is_resume=turn > 0)
@@ -154,13 +158,25 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             )
         )
 
-    async def _stop(self, session: str, state: Mapping[str, Any]) -> None:
+    async def _stop(
+        self,
+        session: str,
+        state: Mapping[str, Any],
+        terminal: TurnTerminal = TurnTerminal.COMPLETED,
+    ) -> None:
         _, steps = _turn(state)
         await self.hooks.run_on_session_stop(
-            SessionStopContext(
-                session_id=session, terminal=TurnTerminal.COMPLETED, total_steps=steps
-            )
+            SessionStopContext(session_id=session, terminal=terminal, total_steps=steps)
         )
+
+    async def _cancelled(self, session: str, request: ToolCallRequest, verdict: Verdict) -> None:
+        """A cancelled session: OnSessionStop ``Cancelled`` (LangGraph runs no ``after_agent``
+        once this raises), then ``SessionCancelled``."""
+        if session not in self._stopped:  # once, whichever of the run's calls comes first
+            self._stopped.add(session)
+            state = request.state if isinstance(request.state, Mapping) else {}
+            await self._stop(session, state, TurnTerminal.CANCELLED)
+        raise SessionCancelled(f"session {session} was cancelled: {verdict.refusal}")
 
     def before_agent(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
         self._call(self._start, _session(_node_config(), self.session_id), state)
@@ -233,6 +249,8 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         session, name, step = self._before(request)
         args = dict(request.tool_call.get("args") or {})
         verdict = await self.gate.before(session, name, args, step=step)
+        if verdict.cancelled:
+            await self._cancelled(session, request, verdict)
         if verdict.refusal is not None:
             return self._refused(request, verdict)
         t0 = time.perf_counter()
@@ -262,6 +280,8 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         session, name, step = self._before(request)
         args = dict(request.tool_call.get("args") or {})
         verdict: Verdict = self._call(self.gate.before, session, name, args, step=step)
+        if verdict.cancelled:
+            self._call(self._cancelled, session, request, verdict)
         if verdict.refusal is not None:
             return self._refused(request, verdict)
         t0 = time.perf_counter()

@@ -35,13 +35,15 @@ SDK                             HookBus
 ``on_agent_end`` of an agent    OnSubagentStop (``result_summary``: its final output as text)
 handed to
 ``Runner.run`` ends             OnSessionStop: ``Completed`` (also when it stops for
-                                approvals), ``MaxSteps`` (``MaxTurnsExceeded``), ``Cancelled``,
-                                ``Error`` (the exception goes on)
+                                approvals), ``MaxSteps`` (``MaxTurnsExceeded``), ``Cancelled``
+                                (``hookbus cancel``, or the task was cancelled), ``Error`` (the
+                                exception goes on)
 tools with ``needs_approval``   ``decide_approvals(result)``: PermissionRequest hooks approve or
                                 reject each pending call; the rest are left to a person
 ==============================  ===============================================================
 
-A ``hookbus cancel SESSION`` blocks the session's next tool call, as for any agent. Tools the
+``hookbus cancel SESSION`` stops the session's run at its next tool call: the call does not
+run, OnSessionStop says ``Cancelled`` and ``run`` raises ``SessionCancelled``. Tools the
 SDK runs itself (hosted tools: web search, file search, code interpreter; MCP servers' tools)
 have no ``FunctionTool`` here and are not hooked.
 """
@@ -69,6 +71,7 @@ from agent_adapter.integrations.gate import ToolGate, elapsed_ms
 from bus import (
     EventRunner,
     PermissionDecision,
+    SessionCancelled,
     SessionStartContext,
     SessionStopContext,
     StepCompleteContext,
@@ -78,6 +81,7 @@ from bus import (
 )
 
 DEFAULT_MAX_TURNS = 10  # the SDK's own default for Runner.run
+NON_OBJECT_INPUT = "input"  # where arguments that are not a JSON object are shown to hooks
 
 
 @dataclass
@@ -92,14 +96,26 @@ class _Run:
 _current: ContextVar[_Run | None] = ContextVar("hookbus_openai_agents_run", default=None)
 
 
-def _as_args(arguments: str) -> dict[str, Any] | None:
-    """The call's arguments as an object, or None when they are not a JSON object (the SDK then
-    reports the bad input itself)."""
+def _as_args(arguments: str) -> dict[str, Any]:
+    """The call's arguments as hooks see them: the JSON object the model sent; anything else
+    (not an object, not JSON) under ``"input"``, so that hooks inspect every call."""
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+        return {NON_OBJECT_INPUT: arguments}
+    return value if isinstance(value, dict) else {NON_OBJECT_INPUT: value}
+
+
+def _cancellation(exc: BaseException) -> SessionCancelled | None:
+    """The ``SessionCancelled`` that ``exc`` is, or was raised from."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, SessionCancelled):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 class HookedInvoker:
@@ -115,9 +131,9 @@ class HookedInvoker:
         session = run.session_id if run is not None else self.bus.session_id
         step = run.steps if run is not None else 0
         args = _as_args(arguments)
-        if args is None:
-            return await self.original(ctx, arguments)
         verdict = await self.bus.gate.before(session, self.tool_name, args, step=step)
+        if verdict.cancelled:
+            raise SessionCancelled(f"session {session} was cancelled: {verdict.refusal}")
         if verdict.refusal is not None:
             return "\n\n".join([verdict.refusal, *verdict.reminders])
         if verdict.rewritten:
@@ -298,6 +314,11 @@ class HookBusAgents:
             except asyncio.CancelledError:
                 terminal = TurnTerminal.CANCELLED
                 raise
+            except Exception as exc:
+                if (cancelled := _cancellation(exc)) is None:
+                    raise
+                terminal = TurnTerminal.CANCELLED
+                raise cancelled from None  # the SDK wraps it in a UserError: unwrapped here
             finally:
                 await self.hooks.run_on_session_stop(
                     SessionStopContext(session_id=session, terminal=terminal, total_steps=run.steps)
@@ -316,7 +337,7 @@ class HookBusAgents:
         session = session_id or self.session_id
         pending: list[ToolApprovalItem] = []
         for item in result.interruptions:
-            args = _as_args(item.arguments or "") or {}
+            args = _as_args(item.arguments or "")
             permission = await self.gate.permission(
                 session, item.name or "", args, reason="the tool needs approval", ask=False
             )
