@@ -329,3 +329,16 @@ async def test_a_cancelled_session_reports_cancelled_to_session_stop_hooks() -> 
     with pytest.raises(SessionCancelled):
         await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-9"}})
     assert [(c.session_id, c.terminal) for _, c in seen.calls] == [("s-9", TurnTerminal.CANCELLED)]
+
+
+def test_without_the_extra_the_import_says_which_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['langchain'] = None\n"  # as if the package were not installed
+        "import agent_adapter.integrations.langchain"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "pip install 'hookbus[langgraph]'" in out.stderr.splitlines()[-1]

@@ -18,6 +18,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from agent_adapter.client import HookClient
 from agent_adapter.integrations.openai_agents import HookBusAgents
 from bus import (
+    Block,
     HookEvent,
     HookRegistry,
     MutateInput,
@@ -391,3 +392,46 @@ async def test_a_cancelled_session_stops_the_run_at_its_next_tool_call(
         # OnSessionStop reached the hook service: it forgets the cancellation there
         assert not await client.redis.exists(client.keys.cancelled("s-c"))
     assert tools.ran == []
+
+
+async def test_arguments_that_are_not_a_json_object_are_still_inspected() -> None:
+    from agents import FunctionTool
+
+    registry = HookRegistry()
+    only_rm = ToolMatchFilter.parse(["shell"], ["input:rm -rf"])
+    registry.add(Recorder("no-rm", Block(reason="no rm -rf"), events=(HookEvent.PRE_TOOL_USE,),
+                          match_filter=only_rm))  # fmt: skip
+    ran: list[str] = []
+
+    async def run_shell(ctx: Any, arguments: str) -> str:
+        ran.append(arguments)
+        return "ran"
+
+    shell = FunctionTool(
+        name="shell",
+        description="Run a raw command line.",
+        params_json_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        on_invoke_tool=run_shell,
+    )
+    model = ScriptedModel(
+        [[function_call("shell", "rm -rf /srv", call_id="s1"),
+          function_call("shell", '"ls"', call_id="s2")],
+         [assistant_message("ok")]]
+    )  # fmt: skip
+    bus = HookBusAgents(registry)
+    await bus.run(bus.wrap(Agent(name="main", model=model, tools=[shell])), "go")
+    assert ran == ['"ls"']  # the original arguments, untouched, for the call let through
+    assert outputs(model)["s1"] == "Tool call blocked by a hook. no-rm: no rm -rf"
+
+
+def test_without_the_extra_the_import_says_which_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['agents'] = None\n"  # as if the package were not installed
+        "import agent_adapter.integrations.openai_agents"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "pip install 'hookbus[openai-agents]'" in out.stderr.splitlines()[-1]

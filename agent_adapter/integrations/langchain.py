@@ -53,12 +53,18 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from anyio.from_thread import BlockingPortal
-from langchain.agents.middleware import AgentMiddleware
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langgraph.config import get_config
-from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.runtime import Runtime
+try:
+    from anyio.from_thread import BlockingPortal
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langgraph.config import get_config
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.runtime import Runtime
+except ModuleNotFoundError as exc:  # say which extra brings it, not only which module is missing
+    raise ModuleNotFoundError(
+        f"{exc}: HookBus's LangChain/LangGraph middleware needs pip install 'hookbus[langgraph]'",
+        name=exc.name,
+    ) from exc
 
 from agent_adapter.executor import Approver
 from agent_adapter.integrations.gate import ToolGate, Verdict, elapsed_ms

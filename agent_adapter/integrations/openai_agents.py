@@ -59,12 +59,18 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Agent, FunctionTool, RunHooks, Runner, RunResult
-from agents.exceptions import MaxTurnsExceeded
-from agents.items import ModelResponse, ToolApprovalItem
-from agents.run_context import RunContextWrapper
-from agents.run_state import RunState
-from agents.tool_context import ToolContext
+try:
+    from agents import Agent, FunctionTool, RunHooks, Runner, RunResult
+    from agents.exceptions import MaxTurnsExceeded
+    from agents.items import ModelResponse, ToolApprovalItem
+    from agents.run_context import RunContextWrapper
+    from agents.run_state import RunState
+    from agents.tool_context import ToolContext
+except ModuleNotFoundError as exc:  # say which extra brings it, not only which module is missing
+    raise ModuleNotFoundError(
+        f"{exc}: HookBus's OpenAI Agents SDK adapter needs pip install 'hookbus[openai-agents]'",
+        name=exc.name,
+    ) from exc
 
 from agent_adapter.executor import Approver
 from agent_adapter.integrations.gate import ToolGate, elapsed_ms
