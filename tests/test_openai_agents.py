@@ -253,15 +253,15 @@ async def test_pending_approvals_are_decided_by_permission_request_hooks() -> No
             [assistant_message("done")],
         ]
     )  # fmt: skip
-    bus = HookBusAgents(registry, session_id="s-3")
+    bus = HookBusAgents(registry)
     agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
-    first = await bus.run(agent, "clean up")
+    first = await bus.run(agent, "clean up", session_id="s-3")
     assert len(first.interruptions) == 3 and ran == []
 
     state, pending = await bus.decide_approvals(first)
     assert [json.loads(p.arguments or "{}")["path"] for p in pending] == ["home/notes"]
     state.reject(pending[0])  # the person says no
-    second = await bus.run(agent, state)
+    second = await bus.run(agent, state, session_id="s-3")
 
     assert second.final_output == "done"
     assert ran == ["tmp/x"]
@@ -435,3 +435,27 @@ def test_without_the_extra_the_import_says_which_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 1
     assert "pip install 'hookbus[openai-agents]'" in out.stderr.splitlines()[-1]
+
+
+async def test_tools_are_hooked_in_a_streamed_run_started_without_bus_run() -> None:
+    from agents import Runner
+
+    tools = Tools()
+    model = read_env_then_config()
+    bus = HookBusAgents(guard_and_redactor(), session_id="s-stream")
+    streamed = Runner.run_streamed(
+        bus.wrap(Agent(name="main", model=model, tools=[tools.file_read])), "go"
+    )
+    async for _ in streamed.stream_events():
+        pass
+    assert streamed.final_output == "done"
+    assert tools.ran == [("file_read", {"path": "config.txt"})]
+    assert outputs(model)["c1"].startswith("Tool call blocked by a hook. SecretGuard")
+    assert outputs(model)["c2"].startswith("config.txt: API_KEY=[redacted]")
+
+
+def guard_and_redactor() -> HookRegistry:
+    registry = HookRegistry()
+    registry.add(SecretGuard())
+    registry.add(Redactor())
+    return registry

@@ -55,6 +55,7 @@ import copy
 import json
 import time
 import uuid
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,6 +262,7 @@ class HookBusAgents:
         self.hooks = hooks
         self.gate = ToolGate(hooks, approver=approver)
         self.session_id = session_id or f"openai-agents-{uuid.uuid4().hex[:12]}"
+        self._sessions: dict[int, str] = {}  # the session of each live RunResult of run()
 
     def wrap_tool(self, tool: FunctionTool) -> FunctionTool:
         """A copy of ``tool`` whose calls go through HookBus (a hooked tool is returned as is)."""
@@ -313,6 +315,8 @@ class HookBusAgents:
                     **kwargs,
                 )
                 terminal = TurnTerminal.COMPLETED
+                self._sessions[id(result)] = session  # for decide_approvals(result)
+                weakref.finalize(result, self._sessions.pop, id(result), None)
                 return result
             except MaxTurnsExceeded:
                 terminal = TurnTerminal.MAX_STEPS
@@ -338,9 +342,10 @@ class HookBusAgents:
         """PermissionRequest hooks on each call the run stopped to have approved
         (``result.interruptions``): ``Override(Allow)`` approves it, ``Override(Deny)`` rejects
         it (the model is told the hook's reason). Returns the state to resume with
-        (``bus.run(agent, state)``) and the calls still waiting for a person."""
+        (``bus.run(agent, state)``) and the calls still waiting for a person. The session is
+        that of the ``run`` that returned ``result``, unless ``session_id`` says otherwise."""
         state = result.to_state()
-        session = session_id or self.session_id
+        session = session_id or self._sessions.get(id(result), self.session_id)
         pending: list[ToolApprovalItem] = []
         for item in result.interruptions:
             args = _as_args(item.arguments or "")
