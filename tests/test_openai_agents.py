@@ -459,3 +459,20 @@ def guard_and_redactor() -> HookRegistry:
     registry.add(SecretGuard())
     registry.add(Redactor())
     return registry
+
+
+async def test_a_cancellation_stops_a_bare_runner_run_too() -> None:
+    from agents import Runner
+    from agents.exceptions import UserError
+
+    registry = HookRegistry()
+    registry.add(Recorder("CancellationHook", Block(reason="session s-1 was cancelled by the user"),
+                          events=(HookEvent.PRE_TOOL_USE,)))  # fmt: skip
+    tools = Tools()
+    agent = HookBusAgents(registry).wrap(
+        Agent(name="main", model=read_env_then_config(), tools=[tools.file_read])
+    )
+    with pytest.raises(UserError) as raised:
+        await Runner.run(agent, "go")
+    assert isinstance(raised.value.__cause__, SessionCancelled)
+    assert tools.ran == []
