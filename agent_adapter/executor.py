@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
-from opentelemetry import trace
 
 from agent_adapter.llm import ToolCall
 from agent_adapter.permissions import (
@@ -43,12 +42,12 @@ from bus import (
     PostToolUseFailureContext,
     PreToolUseContext,
     TaggedContext,
+    telemetry,
 )
 from bus.actions import ShadowedAnswer
 from bus.aggregation import truncate
 
 log = logging.getLogger("hookbus.executor")
-tracer = trace.get_tracer("hookbus.executor")
 
 #: Asks a person about a tool call: True allows, False denies, None means nobody answered.
 Approver = Callable[[str, Mapping[str, Any], str], Awaitable[bool | None]]
@@ -151,7 +150,7 @@ class ToolExecutor:
         self, session_id: str, call: ToolCall, step: int, agent_name: str, is_subagent: bool
     ) -> _Call:
         attrs = {"tool.name": call.name, "session.id": session_id, "agent.name": agent_name}
-        with tracer.start_as_current_span(f"tool {call.name}", attributes=attrs) as span:
+        with telemetry.span(f"tool {call.name}", attrs) as span:
             done = await self._run_call(session_id, call, step, agent_name, is_subagent)
             span.set_attribute("tool.is_error", done.message.is_error)
             return done

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-from opentelemetry import trace
 
 from agent_adapter.executor import Approver, Denial, ToolExecutor, ToolMessage
 from agent_adapter.llm import ChatMessage, ScriptedLLM
@@ -35,13 +34,13 @@ from bus import (
     SubagentStopContext,
     TurnTerminal,
     render_system_reminder,
+    telemetry,
 )
 from bus.actions import ShadowedAnswer
 from bus.telemetry import instrument
 from workers.builtins import MetricsData
 
 log = logging.getLogger("hookbus.runtime")
-tracer = trace.get_tracer("hookbus.runtime")
 
 
 class TurnResult(msgspec.Struct, kw_only=True):
@@ -139,8 +138,8 @@ class AgentRuntime:
             blocking_errors=[],
             warnings=[],
         )
-        with tracer.start_as_current_span(
-            "turn", attributes={"session.id": self.session_id, "turn.index": self.turn_index}
+        with telemetry.span(
+            "turn", {"session.id": self.session_id, "turn.index": self.turn_index}
         ) as span:
             await self._turn(result)
             span.set_attribute("turn.terminal", result.terminal.value)
@@ -175,7 +174,7 @@ class AgentRuntime:
                 turn.answer = "The session was cancelled."
                 return
             turn.steps = step
-            with tracer.start_as_current_span(f"step {step}", attributes={"step": step}):
+            with telemetry.span(f"step {step}", {"step": step}):
                 if await self._step(turn, step):
                     return
         turn.terminal = TurnTerminal.MAX_STEPS

@@ -1,117 +1,296 @@
 """The cost of tracing on the synchronous path: one PreToolUse dispatch, tracing off vs on.
 
-Both sides run in their own child process (OpenTelemetry providers are process-wide): an
-agent with HookClient and one hook worker, against a private redis-server. "On" exports every
-span over OTLP/HTTP to a local receiver that discards them, as a collector would receive them.
-Prints p50/p99 and the ratio on/off; writes bench/results/tracing_cost.json.
+Each side is an agent process (``HookClient``, as in production) and a hook worker process
+(``hookbus worker``) on one private redis-server: OpenTelemetry's providers are process-wide,
+so "off" and "on" cannot share a process. "On" is tracing as a fleet would run it: every
+process exports its spans over OTLP/HTTP to a real receiver (``tests/otlp_receiver.py``, which
+decodes every request, as a collector would, and counts the spans), every trace sampled (the
+SDK's default, ``parentbased_always_on``), metrics on too. The agent wraps each dispatch in a
+``tool`` span as ``agent_adapter/executor.py`` does (``telemetry.span``), so a dispatch makes
+three spans: ``tool file_read`` and ``dispatch PreToolUse`` in the agent, ``hook
+bench-noop-1`` in the worker.
+
+The two sides are timed in alternating batches in the same run (the order flips every round)
+and the result says how many spans the receiver got against how many the processes made.
+Prints p50/p99 of each side and the ratios; writes ``bench/results/tracing_cost.json``.
+
+``--profile DIR``: py-spy samples both agents and the tracing worker during the timed batches
+(see ``bench/profile.py``; the figures of a profiled run are not the benchmark's).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
-import statistics
+import resource
 import subprocess
 import sys
-import threading
+import tempfile
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
-from bench.common import ROOT, write_results
+from bench.common import (
+    BOOT,
+    ROOT,
+    Children,
+    Plan,
+    header,
+    hookbus_env,
+    percentiles,
+    progress,
+    write_results,
+)
 
 RESULTS = ROOT / "bench" / "results" / "tracing_cost.json"
+FULL = Plan(warmup=500, rounds=10, batch=500)
+QUICK = Plan(warmup=50, rounds=2, batch=100)
+TARGET = {"max_ratio_p50": 1.15, "max_ratio_p99": 1.5}
+SPANS_PER_DISPATCH = {"agent": 2, "worker": 1}  # tool + dispatch; hook
+START_TIMEOUT = 30.0
 
 
-class _Discard(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
+# -- the agent process ---------------------------------------------------------------------
 
 
-async def _measure(samples: int) -> dict[str, float]:
-    from opentelemetry import trace
-
+async def _agent(out: TextIO) -> None:
+    """Read ``N`` lines from stdin, answer each with the N latencies (ns) as one JSON line."""
     from agent_adapter.client import HookClient
-    from bus import HookSettings, PreToolUseContext, telemetry
+    from bench.sync_dispatch import context
+    from bus import HookSettings, telemetry
     from bus.settings import BusSettings
 
-    telemetry.configure("bench-agent")
+    traced = telemetry.configure("bench-agent")
     client = await HookClient(BusSettings.from_env(), HookSettings(hook_timeout_secs=5)).start()
-    tracer = trace.get_tracer("bench")
+    ctx = context()
+    clock = time.perf_counter_ns
+    loop = asyncio.get_running_loop()
     try:
+        deadline = time.monotonic() + START_TIMEOUT
         while not client.directory.live("bench-noop-1"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("hook bench-noop-1 never became live")
             await asyncio.sleep(0.02)
-        ctx = PreToolUseContext(session_id="s", tool_name="file_read", tool_args={"path": "a"})
-        times = []
-        for i in range(samples + 200):
-            t0 = time.perf_counter()
-            with tracer.start_as_current_span("tool file_read"):  # as the executor does
-                await client.run_pre_tool_use(ctx)
-            if i >= 200:
-                times.append((time.perf_counter() - t0) * 1e6)
+        print(json.dumps({"ready": True, "traced": traced}), file=out, flush=True)
+        dispatched = 0
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            n = int(line)
+            samples = []
+            for _ in range(n):
+                t0 = clock()
+                with telemetry.span(
+                    "tool file_read", {"tool.name": "file_read"}
+                ):  # as the executor
+                    await client.run_pre_tool_use(ctx)
+                samples.append(clock() - t0)
+            dispatched += n
+            print(json.dumps(samples), file=out, flush=True)
     finally:
         await client.close()
-        telemetry.shutdown()
-    times.sort()
-    return {"p50_us": statistics.median(times), "p99_us": times[int(len(times) * 0.99) - 1]}
+        telemetry.shutdown()  # flushes what is still queued
+    print(json.dumps({"dispatched": dispatched}), file=out, flush=True)
 
 
-def _child(samples: int) -> None:
-    print(json.dumps(asyncio.run(_measure(samples))))
+# -- the benchmark -------------------------------------------------------------------------
 
 
-def _run_side(on: bool, redis_url: str, endpoint: str, samples: int) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(HOOKBUS_REDIS_URL=redis_url, HOOKBUS_PREFIX=f"trace-{'on' if on else 'off'}")
-    if on:
-        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "worker", "bench.sync_dispatch:Noop1"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.tracing_cost", "--child", str(samples)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+class Side:
+    """One agent process and its hook worker, tracing on or off."""
+
+    def __init__(self, name: str, env: dict[str, str], children: Children) -> None:
+        self.name = name
+        self.worker = children.start(
+            f"worker-{name}", "workers.cli", ["worker", "bench.sync_dispatch:Noop1"], env
+        )
+        self.agent = subprocess.Popen(
+            [sys.executable, "-c", BOOT, "bench.tracing_cost", "--agent"],
+            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=open(children.logdir / f"agent-{name}.log", "wb"), text=True,  # noqa: SIM115
         )  # fmt: skip
-        if out.returncode:
-            raise RuntimeError(out.stderr[-2000:])
-        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-    finally:
-        worker.kill()
-        worker.wait()
+        self.samples: list[int] = []
+        self.dispatched = 0
+        self.traced = json.loads(self._line())["traced"]
+
+    def _line(self) -> str:
+        assert self.agent.stdout is not None
+        line = self.agent.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} agent exited with {self.agent.wait()}")
+        return line
+
+    def run(self, n: int, keep: bool = True) -> None:
+        assert self.agent.stdin is not None
+        self.agent.stdin.write(f"{n}\n")
+        self.agent.stdin.flush()
+        samples = json.loads(self._line())
+        if keep:
+            self.samples += samples
+
+    def close(self) -> None:
+        """End the agent (it flushes its spans) and stop the worker (it flushes its own)."""
+        assert self.agent.stdin is not None
+        self.agent.stdin.close()
+        self.dispatched = json.loads(self._line())["dispatched"]
+        self.agent.wait(30)
+
+
+def _env(base: dict[str, str], on: bool, endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not k.startswith("OTEL_")}
+    if on:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint  # traces and metrics, SDK defaults
+    return env
+
+
+def measure(plan: Plan, profile: Path | None) -> dict[str, Any]:
+    from bench.profile import Recorder
+    from tests.otlp_receiver import OTLPReceiver
+    from workers.redis_server import RedisServer
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-tracing-") as logdir,
+        RedisServer() as redis,
+        OTLPReceiver(keep=False) as receiver,
+    ):
+        children = Children(Path(logdir))
+        sides: dict[str, Side] = {}
+        recorder = Recorder(profile) if profile else None
+        try:
+            for name, on in (("off", False), ("on", True)):
+                env = _env(hookbus_env(redis.url, f"trace-{name}"), on, receiver.endpoint)
+                sides[name] = Side(name, env, children)
+            if not sides["on"].traced or sides["off"].traced:
+                raise RuntimeError("tracing is not on (or not off) where it should be")
+            for side in sides.values():
+                side.run(plan.warmup, keep=False)
+            if recorder:
+                for side in sides.values():
+                    recorder.start(f"tracing-agent-{side.name}", side.agent.pid)
+                for side in sides.values():
+                    recorder.start(f"tracing-worker-{side.name}", side.worker.pid)
+            order = list(sides.values())
+            cpu0 = _cpu(sides)
+            for r in range(plan.rounds):
+                progress(f"round {r + 1}/{plan.rounds}")
+                for side in order if r % 2 == 0 else order[::-1]:
+                    children.check()
+                    side.run(plan.batch)
+            cpu = {k: v - cpu0[k] for k, v in _cpu(sides).items()}
+            if recorder:
+                for path in recorder.stop():
+                    print(f"profile written to {path}")
+            for side in sides.values():
+                side.close()
+            children.stop()  # SIGTERM: each worker flushes its spans on the way out
+            dispatched = sides["on"].dispatched
+            expected = {
+                f"hookbus-{role}": n * dispatched for role, n in (("bench-agent", 2), ("worker", 1))
+            }
+            received = _received(receiver, expected)
+        finally:
+            if recorder:
+                recorder.stop()
+            for side in sides.values():
+                if side.agent.poll() is None:
+                    side.agent.kill()
+                    side.agent.wait()
+            children.stop()
+    timed = plan.samples
+    report: dict[str, Any] = {
+        "spans": {"expected": expected, "received": received},
+        # CPU time of each process over the timed batches, per dispatch of its side; the
+        # receiver (this process) decodes what both processes of the "on" side export.
+        "cpu_us_per_dispatch": {k: round(v / timed * 1e6, 1) for k, v in cpu.items()},
+    }
+    for name, side in sides.items():
+        p50, p99 = percentiles(side.samples)
+        report[name] = {"p50_us": round(p50, 1), "p99_us": round(p99, 1),
+                        "samples": len(side.samples)}  # fmt: skip
+    off, on = report["off"], report["on"]
+    report["ratio_p50"] = round(on["p50_us"] / off["p50_us"], 2)
+    report["ratio_p99"] = round(on["p99_us"] / off["p99_us"], 2)
+    report["ratio_p50_per_batch"] = _per_batch(sides["on"].samples, sides["off"].samples, plan)
+    return report
+
+
+def _cpu(sides: dict[str, Side]) -> dict[str, float]:
+    """Seconds of CPU (user + system) each process has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, side in sides.items():
+        for role, pid in (("agent", side.agent.pid), ("worker", side.worker.pid)):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                comm, _, rest = (task / "stat").read_text().partition(" (")[2].rpartition(")")
+                fields = rest.split()
+                thread = "main" if task.name == str(pid) else comm.split("Record")[0]
+                key = f"{role}-{name}:{thread}"
+                out[key] = out.get(key, 0) + (int(fields[11]) + int(fields[12])) / tick
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["receiver"] = usage.ru_utime + usage.ru_stime
+    return out
+
+
+def _received(receiver: Any, expected: dict[str, int]) -> dict[str, int]:
+    """Spans the receiver decoded, by service, once the count stops growing (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    last: dict[str, int] = {}
+    while True:
+        counts = dict(receiver.counts)
+        if counts == expected or (counts == last and time.monotonic() > deadline):
+            return counts
+        last = counts
+        time.sleep(0.2)
+
+
+def _per_batch(on: list[int], off: list[int], plan: Plan) -> dict[str, float]:
+    ratios = []
+    for start in range(0, min(len(on), len(off)), plan.batch):
+        a, _ = percentiles(on[start : start + plan.batch])
+        b, _ = percentiles(off[start : start + plan.batch])
+        ratios.append(a / b)
+    ratios.sort()
+    return {"min": round(ratios[0], 2), "median": round(ratios[len(ratios) // 2], 2),
+            "max": round(ratios[-1], 2)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--child"]:
-        _child(int(argv[1]))
+    if argv[:1] == ["--agent"]:
+        asyncio.run(_agent(sys.stdout))
         return 0
-    from workers.redis_server import RedisServer
-
-    samples = 300 if "--quick" in argv else 3000
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discard)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    print(f"tracing cost: {samples} PreToolUse dispatches to one hook worker, off then on ...")
-    try:
-        with RedisServer() as redis:
-            off = _run_side(False, redis.url, endpoint, samples)
-            on = _run_side(True, redis.url, endpoint, samples)
-    finally:
-        server.shutdown()
-    ratio = on["p50_us"] / off["p50_us"]
+    parser = argparse.ArgumentParser(prog="python -m bench.tracing_cost", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a few samples: checks it runs")
+    parser.add_argument("--profile", type=Path, help="write py-spy profiles into this folder")
+    args, _ = parser.parse_known_args(argv)
+    plan = QUICK if args.quick else FULL
+    print(
+        f"tracing cost: 1-hook PreToolUse dispatches, tracing off and on (OTLP/HTTP), "
+        f"{plan.rounds} alternating batches of {plan.batch} ...",
+        flush=True,
+    )
+    report = {
+        **header("tracing_cost", args.quick),
+        "plan": plan.__dict__,
+        **measure(plan, args.profile),
+    }
+    report["target"] = {
+        **TARGET,
+        "met": report["ratio_p50"] <= TARGET["max_ratio_p50"]
+        and report["ratio_p99"] <= TARGET["max_ratio_p99"],
+    }
+    off, on = report["off"], report["on"]
     print(f"{'tracing':<8} {'p50 µs':>10} {'p99 µs':>10}")
     print(f"{'off':<8} {off['p50_us']:>10.0f} {off['p99_us']:>10.0f}")
     print(f"{'on':<8} {on['p50_us']:>10.0f} {on['p99_us']:>10.0f}")
-    print(f"tracing on costs {ratio:.2f}x at p50 (+{on['p50_us'] - off['p50_us']:.0f} µs)")
-    write_results(RESULTS, {"samples": samples, "off": off, "on": on, "ratio_p50": ratio})
+    b = report["ratio_p50_per_batch"]
+    print(
+        f"tracing on: {report['ratio_p50']:.2f}x at p50 (batches {b['min']:.2f}-{b['max']:.2f}x), "
+        f"{report['ratio_p99']:.2f}x at p99; spans received {report['spans']['received']} "
+        f"of {report['spans']['expected']}"
+    )
+    print(f"CPU µs per dispatch: {report['cpu_us_per_dispatch']}")
+    write_results(RESULTS, report)
     return 0
 
 

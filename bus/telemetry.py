@@ -17,25 +17,48 @@ request's ``traceparent``). Async hook spans link to the span that published the
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry import metrics, trace
+from opentelemetry.context import Context, attach, detach
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from bus.aggregation import Outcome, would_do
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
+from bus.span_export import SpanExport
 
 tracer = trace.get_tracer("hookbus")
 meter = metrics.get_meter("hookbus")
 
 _state = {"enabled": False}
+#: Where HookBus's own spans go when traces are exported over OTLP (``configure``); None: they
+#: are SDK spans (console exporter) or nothing at all (tracing off).
+_light: dict[str, Any] = {
+    "export": None,
+    "sampler": None,
+    "ids": None,
+    "sdk": False,
+    "default_sampler": False,
+}
 _ACTION_EVENTS = frozenset({"Block", "MutateInput", "MutateOutput", "Override"})
 
 
@@ -63,6 +86,7 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 
     env = os.environ if env is None else env
     traces, metric_kind = _exporter("TRACES", env), _exporter("METRICS", env)
@@ -73,10 +97,17 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
         provider = TracerProvider(resource=resource)
         if traces == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            _light["sdk"] = True
+        else:  # OTLP/HTTP: HookBus's spans and the application's through one export thread
+            from bus.span_export import Forward
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            export = SpanExport(resource, env)
+            provider.add_span_processor(Forward(export))
+            describe: Any = provider.sampler.get_description  # untyped in the SDK
+            default = describe() == DEFAULT_ON.get_description()  # type: ignore[no-untyped-call]
+            _light.update(export=export, sampler=provider.sampler, ids=provider.id_generator,
+                          default_sampler=default)  # fmt: skip
+            export.chores.append(_deferred.drain)
         trace.set_tracer_provider(provider)
     if metric_kind != "none":
         if metric_kind == "console":
@@ -89,6 +120,14 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
             exporter = OTLPMetricExporter()
         reader = PeriodicExportingMetricReader(exporter)
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+        # Its callback runs on the reader's thread before each collection: the histogram
+        # records deferred since the last one go in first.
+        metrics.get_meter("hookbus").create_observable_counter(
+            "hookbus.spans.lost",
+            callbacks=[_spans_lost],
+            description="spans not exported: the export queue was full (dropped) or the "
+            "receiver refused or did not answer (failed)",
+        )
     _state["enabled"] = True
     _instruments.cache_clear()
     return True
@@ -100,6 +139,257 @@ def shutdown() -> None:
         stop = getattr(provider, "shutdown", None)
         if callable(stop):
             stop()
+    export = _light["export"]
+    if export is not None:
+        export.shutdown()
+    _light.update(export=None, sampler=None, sdk=False, last=export or _light.get("last"))
+
+
+class _Deferred:
+    """Histogram records taken on the event loop and recorded into the SDK off it.
+
+    Profiled, one ``Histogram.record`` of the SDK costs ~6-12 µs (attribute hashing, views,
+    aggregation, exemplars) and a dispatch makes two. Appending to a deque costs well under a
+    microsecond; the span export thread and the metric reader's thread (before each collection)
+    record them, a few at a time between releases of the GIL. Past ``LIMIT`` waiting records,
+    a record is made at once instead: none is lost.
+    """
+
+    LIMIT = 65_536
+
+    def __init__(self) -> None:
+        self.queue: collections.deque[tuple[Any, float, dict[str, Any]]] = collections.deque()
+        self.lock = threading.Lock()
+
+    def record(self, histogram: Any, value: float, attrs: dict[str, Any]) -> None:
+        if len(self.queue) >= self.LIMIT:
+            histogram.record(value, attrs)
+        else:
+            self.queue.append((histogram, value, attrs))
+
+    def drain(self) -> None:
+        with self.lock:  # two threads may drain; each record is made once either way
+            queue = self.queue
+            n = 0
+            while queue:
+                histogram, value, attrs = queue.popleft()
+                histogram.record(value, attrs)
+                n += 1
+                if n % 64 == 0:
+                    time.sleep(0)  # gives the GIL back to the event loop's thread
+
+
+_deferred = _Deferred()
+
+
+def _spans_lost(options: Any) -> Iterator[Any]:
+    from opentelemetry.metrics import Observation
+
+    _deferred.drain()
+    stats = span_stats()
+    for reason in ("dropped", "failed"):
+        if reason in stats:
+            yield Observation(stats[reason], {"reason": reason})
+
+
+def span_stats() -> dict[str, int]:
+    """Spans exported, dropped (the queue was full) and failed (the receiver refused them or
+    did not answer) so far; after ``shutdown()``, the final counts."""
+    export = _light["export"] or _light.get("last")
+    return dict(export.stats) if export is not None else {}
+
+
+# -- HookBus's own spans -----------------------------------------------------------------------
+#
+# Why not the SDK's spans on the hot path: profiled (docs/performance.md, "Tracing"), an SDK
+# span costs ~20-30 µs on the event loop here (sampler, id generation, attribute bounds, span
+# processors, context manager layers) and each dispatch makes two or three. ``LightSpan`` keeps
+# what OTLP needs in slots and hands itself to the export thread when it ends; the sampler of
+# the SDK's provider (``OTEL_TRACES_SAMPLER``) still decides, and inside the span the current
+# OpenTelemetry context carries its span context, so that ``headers()``, any propagator and any
+# SDK span the application starts there see it as their parent.
+
+
+class LightSpan:
+    """One span HookBus records itself: enough of the API's ``Span`` for HookBus's code."""
+
+    __slots__ = ("_base", "_token", "attributes", "context", "end_ns", "events", "kind", "links",
+                 "name", "parent_id", "parent_remote", "recording", "start_ns", "status_code",
+                 "status_message", "trace_state")  # fmt: skip
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        links: Sequence[SpanContext],
+        start_ns: int,
+        recording: bool,
+        base: Context | None,
+    ) -> None:
+        self.name = name
+        self.context = context
+        self.parent_id = parent.span_id if parent.is_valid else 0
+        self.parent_remote = parent.is_remote
+        self.kind = kind
+        self.attributes = attributes
+        self.links = links
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.events: list[tuple[str, int, Mapping[str, Any]]] | None = None
+        self.status_code = 0
+        self.status_message = ""
+        self.trace_state = context.trace_state.to_header() if context.trace_state else ""
+        self.recording = recording
+        self._base = base
+        self._token: object = None
+
+    # the part of the Span API that HookBus's code uses
+    def is_recording(self) -> bool:
+        return self.recording
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.recording:
+            self.attributes[key] = value
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        if self.recording:
+            if self.events is None:
+                self.events = []
+            self.events.append((name, time.time_ns(), attributes or {}))
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if isinstance(status, Status):
+            self.status_code = status.status_code.value  # UNSET 0, OK 1, ERROR 2, as in OTLP
+            self.status_message = status.description or ""
+        else:
+            self.status_code = status.value
+            self.status_message = description or ""
+
+    def end(self, end_ns: int | None = None) -> None:
+        self.end_ns = time.time_ns() if end_ns is None else end_ns
+        export = _light["export"]
+        if self.recording and self.context.trace_flags.sampled and export is not None:
+            export.add(self)
+
+    # as a context manager: the current span while it runs, ended on the way out
+    def __enter__(self) -> LightSpan:
+        current = trace.set_span_in_context(NonRecordingSpan(self.context), self._base)
+        self._token = attach(current)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        detach(self._token)  # type: ignore[arg-type]
+        if exc is not None and self.recording:
+            if not self.status_code:
+                self.set_status(StatusCode.ERROR, f"{kind.__name__ if kind else ''}: {exc}")
+            self.add_event("exception", {"exception.type": kind.__name__ if kind else "",
+                                         "exception.message": str(exc)[:1000]})  # fmt: skip
+        self.end()
+
+
+def start_span(
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    context: Context | None = None,
+    links: Sequence[Link] = (),
+    start_ns: int | None = None,
+) -> LightSpan:
+    """A HookBus span, child of the span current in ``context`` (default: the current one);
+    sampled as the provider's sampler decides. Only when ``light()`` is True."""
+    parent = trace.get_current_span(context).get_span_context()
+    ids = _light["ids"]
+    attrs = attributes if attributes is not None else {}
+    trace_id = parent.trace_id if parent.is_valid else ids.generate_trace_id()
+    if _light["default_sampler"]:
+        # parentbased_always_on (the SDK's default): a child follows its parent, a root is
+        # sampled. The same decision as the sampler's, without its objects.
+        sampled = recording = parent.trace_flags.sampled if parent.is_valid else True
+        state = parent.trace_state if parent.is_valid else None
+    else:
+        decision = _light["sampler"].should_sample(context, trace_id, name, kind, attrs, links)
+        sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
+        state = decision.trace_state
+        if decision.attributes:
+            attrs.update(decision.attributes)
+    span_context = SpanContext(
+        trace_id,
+        ids.generate_span_id(),
+        is_remote=False,
+        trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
+        trace_state=state,
+    )
+    return LightSpan(name, span_context, parent, kind, attrs, [lk.context for lk in links],
+                     time.time_ns() if start_ns is None else start_ns, recording,
+                     context)  # fmt: skip
+
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+def light() -> bool:
+    """True when HookBus's spans are ``LightSpan``s (traces exported over OTLP)."""
+    return _light["export"] is not None
+
+
+def span(
+    name: str,
+    attributes: dict[str, Any] | None = None,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    context: Context | None = None,
+    links: Sequence[Link] = (),
+) -> AbstractContextManager[Any]:
+    """``with span(name, attrs) as s:``: a span current while the block runs. A ``LightSpan``
+    when traces go out over OTLP, else the SDK's (console exporter) or a no-op (tracing off)."""
+    if _light["export"] is not None:
+        return start_span(name, attributes, kind=kind, context=context, links=links)
+    if _light["sdk"] or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return tracer.start_as_current_span(
+            name, context=context, kind=kind, attributes=attributes, links=links
+        )
+    return _NO_SPAN  # nobody traces: the SDK's no-op span would still cost ~10 µs
+
+
+class _NoSpan(AbstractContextManager[Any]):
+    """What ``span()`` gives when no tracer provider is installed: does nothing, cheaply."""
+
+    def __enter__(self) -> _NoSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def is_recording(self) -> bool:
+        return False
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        pass
+
+    def end(self, end_ns: int | None = None) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
 
 
 @functools.cache
@@ -145,11 +435,11 @@ def instrument(runner: EventRunner) -> EventRunner:
         if tool:
             attrs["tool.name"] = tool
         start = time.time_ns()
-        with tracer.start_as_current_span(f"dispatch {event.value}", attributes=attrs) as span:
+        with span(f"dispatch {event.value}", dict(attrs)) as dispatch:
             outcomes = await gather(event, ctx, sequential=sequential)
-            record_outcomes(span, event, attrs, outcomes, start, local=is_local)
-        _instruments()["dispatch"].record(
-            (time.time_ns() - start) / 1e9, {"hook.event": event.value}
+            record_outcomes(dispatch, event, attrs, outcomes, start, local=is_local)
+        _deferred.record(
+            _instruments()["dispatch"], (time.time_ns() - start) / 1e9, {"hook.event": event.value}
         )
         return outcomes
 
@@ -158,7 +448,7 @@ def instrument(runner: EventRunner) -> EventRunner:
 
 
 def record_outcomes(
-    parent: Span,
+    parent: Span | LightSpan,
     event: HookEvent,
     attrs: dict[str, Any],
     outcomes: Sequence[Outcome],
@@ -179,13 +469,9 @@ def record_outcomes(
                              {"hook.name": o.spec.name, "hook.mode": o.spec.mode,
                               "hook.action": tag})  # fmt: skip
             inst["shadowed"].add(1, {"hook.name": o.spec.name, "hook.mode": o.spec.mode})
-        hook_attrs = {
-            **attrs,
-            "hook.mode": o.spec.mode,
-            "hook.name": o.spec.name,
-            "hook.failure_policy": o.spec.failure_policy,
-        }
-        inst["hook"].record(o.elapsed, {"hook.name": o.spec.name, "hook.event": event.value})
+        _deferred.record(
+            inst["hook"], o.elapsed, {"hook.name": o.spec.name, "hook.event": event.value}
+        )
         action = action_tag(o.action)
         if o.failure is not None:
             enforced = o.spec.failure_policy == "fail" and event in (
@@ -200,18 +486,26 @@ def record_outcomes(
             inst["blocks"].add(1, {"hook.name": o.spec.name})
         if o.failure is None and not local:
             continue
-        span = tracer.start_span(
-            f"hook {o.spec.name}",
-            context=trace.set_span_in_context(parent),
-            kind=SpanKind.INTERNAL if local else SpanKind.CLIENT,
-            attributes={**hook_attrs, "hook.action": action if o.failure is None else o.failure,
-                        "hook.timed_out": o.failure == "timeout"},
-            start_time=start_ns,
-        )  # fmt: skip
-        annotate(span, o.action)
+        hook_attrs = {
+            **attrs,
+            "hook.mode": o.spec.mode,
+            "hook.name": o.spec.name,
+            "hook.failure_policy": o.spec.failure_policy,
+        }
+        name = f"hook {o.spec.name}"
+        kind = SpanKind.INTERNAL if local else SpanKind.CLIENT
+        attributes = {**hook_attrs, "hook.action": action if o.failure is None else o.failure,
+                      "hook.timed_out": o.failure == "timeout"}  # fmt: skip
+        child: Span | LightSpan
+        if isinstance(parent, LightSpan):  # the dispatch span is current: the child's parent
+            child = start_span(name, attributes, kind=kind, start_ns=start_ns)
+        else:
+            child = tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind,
+                                      attributes=attributes, start_time=start_ns)  # fmt: skip
+        annotate(child, o.action)
         if o.failure is not None:
-            span.set_status(Status(StatusCode.ERROR, o.detail))
-        span.end(end_time=start_ns + int(o.elapsed * 1e9))
+            child.set_status(Status(StatusCode.ERROR, o.detail))
+        child.end(start_ns + int(o.elapsed * 1e9))
 
 
 def action_tag(action: Any) -> str:
@@ -221,7 +515,7 @@ def action_tag(action: Any) -> str:
     return str(getattr(type(action), "__struct_config__").tag)  # noqa: B009
 
 
-def annotate(span: Span, action: Any) -> None:
+def annotate(span: Span | LightSpan, action: Any) -> None:
     """Span events for the actions that change what the agent does."""
     if action is None:
         return
@@ -231,20 +525,53 @@ def annotate(span: Span, action: Any) -> None:
 
 
 def headers() -> tuple[str, str]:
-    """The current span's W3C ``traceparent`` and ``tracestate`` ("" when not tracing)."""
+    """The current span's W3C ``traceparent`` and ``tracestate`` ("" when not tracing).
+
+    Written directly in the W3C format (``00-TRACE-SPAN-FLAGS``) rather than through
+    ``propagate.inject``: the protocol's two fields are W3C trace context whatever
+    ``OTEL_PROPAGATORS`` says, and the composite propagator costs ~4 µs a call on the loop.
+    """
     if not enabled():
         return "", ""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier.get("traceparent", ""), carrier.get("tracestate", "")
+    sc = trace.get_current_span().get_span_context()
+    if not sc.is_valid:
+        return "", ""
+    state = sc.trace_state.to_header() if sc.trace_state else ""
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}", state
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
+    """The remote span context of a W3C ``traceparent`` (None if it is not a valid one)."""
+    parts = traceparent.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+        return None
+    version, trace_hex, span_hex, flags = parts[:4]
+    if (version == "00" and len(parts) != 4) or len(flags) != 2:
+        return None
+    if len(trace_hex) != 32 or len(span_hex) != 16:
+        return None
+    if not _HEX.issuperset(trace_hex + span_hex + flags + version):
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not trace_id or not span_id:
+        return None
+    state = TraceState.from_header([tracestate]) if tracestate else None
+    flags_byte = TraceFlags(int(flags, 16))
+    return SpanContext(trace_id, span_id, True, flags_byte, state)
 
 
 def context_from(traceparent: str, tracestate: str = "") -> Context:
-    carrier = {"traceparent": traceparent, "tracestate": tracestate} if traceparent else {}
-    return propagate.extract(carrier)
+    """A context whose current span is the remote parent the two fields name (an empty one if
+    they name none). Parsed directly, as ``headers()`` writes them (see there)."""
+    sc = _span_context(traceparent, tracestate) if traceparent else None
+    if sc is None:
+        return Context()
+    return trace.set_span_in_context(NonRecordingSpan(sc), Context())
 
 
-@contextmanager
 def hook_span(
     name: str,
     attributes: dict[str, Any],
@@ -252,22 +579,15 @@ def hook_span(
     tracestate: str = "",
     *,
     link_only: bool = False,
-) -> Iterator[Span]:
+) -> AbstractContextManager[Any]:
     """The span of one hook execution in a worker: child of the request's context, or (async
     hooks) a new trace linked to the span that published the event."""
     parent = context_from(traceparent, tracestate)
     if link_only:
         linked = trace.get_current_span(parent).get_span_context()
         links = [Link(linked)] if linked.is_valid else []
-        with tracer.start_as_current_span(
-            name, context=Context(), kind=SpanKind.CONSUMER, attributes=attributes, links=links
-        ) as span:
-            yield span
-        return
-    with tracer.start_as_current_span(
-        name, context=parent, kind=SpanKind.SERVER, attributes=attributes
-    ) as span:
-        yield span
+        return span(name, attributes, kind=SpanKind.CONSUMER, context=Context(), links=links)
+    return span(name, attributes, kind=SpanKind.SERVER, context=parent)
 
 
 def count_dead_letters(source: str, n: int = 1) -> None:

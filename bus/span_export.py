@@ -1,0 +1,361 @@
+"""Span export over OTLP/HTTP on a thread of its own, in small slices of the GIL.
+
+Why not the SDK's ``BatchSpanProcessor`` + ``OTLPSpanExporter``: profiled on the benchmark of
+a 1-hook dispatch (docs/performance.md, "Tracing"), that exporter turns each span into protobuf
+in Python (~18 µs a span here) and does a whole batch (up to 512 spans, ~10 ms) in one go. Its
+thread then holds the GIL until the interpreter takes it away after ``sys.getswitchinterval()``
+(5 ms), so the event loop that dispatches waits up to 5 ms: the tail of a traced dispatch. Here
+the thread encodes a few spans at a time (HookBus's own spans written directly as protobuf,
+~3-6 µs a span, see below), gives the GIL back between slices (``time.sleep(0)``), and posts
+the batch with ``requests``, as the SDK's exporter does.
+
+What goes in: HookBus's own spans (``telemetry.LightSpan``, a tuple's worth of fields, built
+on the loop without the SDK's span machinery) and any SDK span of the application (its
+``ReadableSpan``, through ``Forward``; encoded with the SDK's own encoder). The queue is
+bounded (``OTEL_BSP_MAX_QUEUE_SIZE``): a span that finds it full is dropped and counted, and so
+are the spans of a batch the receiver refused or never answered (``stats``).
+
+Configuration: the SDK's variables for the OTLP/HTTP trace exporter (endpoint, headers,
+timeout, compression, certificates) and for the batch processor (``OTEL_BSP_*``).
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.re import parse_env_headers
+
+if TYPE_CHECKING:
+    from bus.telemetry import LightSpan
+
+log = logging.getLogger("hookbus.telemetry")
+
+#: Spans encoded between two releases of the GIL: ~8 µs each here, so the loop's thread waits
+#: at most ~0.1-0.3 ms for the GIL when it wants it back.
+SLICE = 16
+#: Seconds between two log lines about failed exports.
+LOG_EVERY_SECS = 10.0
+
+
+# -- OTLP protobuf, written directly ----------------------------------------------------------
+#
+# Why not ``opentelemetry-proto``'s message classes for HookBus's spans: building one span of 8
+# attributes through them costs ~13 µs here (an object per attribute and per value, copied
+# again into each enclosing message); the bytes below cost ~3-4 µs. The format is protobuf's
+# (https://protobuf.dev/programming-guides/encoding/) for the messages of
+# opentelemetry/proto/trace/v1/trace.proto; tests/test_span_export.py decodes what this writes
+# with the protobuf classes, field by field. The application's SDK spans still go through the
+# SDK's encoder (``encode_spans``).
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL = [_varint(i) for i in range(1 << 14)]
+_fixed64 = struct.Struct("<Q").pack
+_fixed32 = struct.Struct("<I").pack
+_double = struct.Struct("<d").pack
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: its tag, the payload's length, the payload."""
+    n = len(payload)
+    return tag + (_SMALL[n] if n < 16384 else _varint(n)) + payload
+
+
+def _value(value: Any) -> bytes:
+    """An ``AnyValue``."""
+    if isinstance(value, str):
+        return _field(b"\x0a", value.encode())
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, int):
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64: two's complement
+    if isinstance(value, float):
+        return b"\x21" + _double(value)
+    if isinstance(value, (list, tuple)):
+        return _field(b"\x2a", b"".join(_field(b"\x0a", _value(v)) for v in value))
+    return _field(b"\x0a", str(value).encode())
+
+
+def _attributes(tag: bytes, attrs: Mapping[str, Any]) -> list[bytes]:
+    """Repeated ``KeyValue`` fields."""
+    return [
+        _field(tag, _field(b"\x0a", k.encode()) + _field(b"\x12", _value(v)))
+        for k, v in attrs.items()
+    ]
+
+
+#: OTLP's Span.SpanKind: the API's SpanKind + 1 (0 is "unspecified" on the wire).
+_KIND = {kind: _SMALL[kind.value + 1] for kind in SpanKind}
+
+
+def encode_span(span: LightSpan) -> bytes:
+    """The ``Span`` message of one of HookBus's spans."""
+    context = span.context
+    parts = [
+        _field(b"\x0a", context.trace_id.to_bytes(16, "big")),
+        _field(b"\x12", context.span_id.to_bytes(8, "big")),
+    ]
+    if span.trace_state:
+        parts.append(_field(b"\x1a", span.trace_state.encode()))
+    if span.parent_id:
+        parts.append(_field(b"\x22", span.parent_id.to_bytes(8, "big")))
+    parts += [
+        _field(b"\x2a", span.name.encode()),
+        b"\x30" + _KIND[span.kind],
+        b"\x39" + _fixed64(span.start_ns),
+        b"\x41" + _fixed64(span.end_ns),
+        *_attributes(b"\x4a", span.attributes),
+    ]
+    for name, ts, attrs in span.events or ():
+        event = [b"\x09" + _fixed64(ts), _field(b"\x12", name.encode())]
+        parts.append(_field(b"\x5a", b"".join(event + _attributes(b"\x1a", attrs))))
+    for link in span.links:
+        parts.append(
+            _field(
+                b"\x6a",
+                _field(b"\x0a", link.trace_id.to_bytes(16, "big"))
+                + _field(b"\x12", link.span_id.to_bytes(8, "big")),
+            )
+        )
+    if span.status_code:
+        status = _field(b"\x12", span.status_message.encode()) if span.status_message else b""
+        parts.append(_field(b"\x7a", status + b"\x18" + _SMALL[span.status_code]))
+    # flags: the trace flags, and "whether the parent is remote is known" (0x100) + remote (0x200)
+    flags = int(context.trace_flags) | 0x100 | (0x200 if span.parent_remote else 0)
+    parts.append(b"\x85\x01" + _fixed32(flags))
+    return b"".join(parts)
+
+
+def _pb_value(value: Any) -> AnyValue:
+    """The resource's attribute values (once per process: the protobuf classes)."""
+    out = AnyValue()
+    out.ParseFromString(_value(value))
+    return out
+
+
+def _otlp(env: Mapping[str, str], name: str, default: str = "") -> str:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
+    return (
+        env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
+        or env.get(f"OTEL_EXPORTER_OTLP_{name}")
+        or default
+    )
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    try:
+        return int(raw) if raw.strip() else default
+    except ValueError:
+        log.warning("%s=%r is not a whole number; using %d", name, raw, default)
+        return default
+
+
+class SpanExport:
+    """A bounded queue of finished spans and the thread that sends them."""
+
+    def __init__(self, resource: Resource, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.max_queue = max(1, _int_env(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048))
+        batch = _int_env(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+        self.batch = max(1, min(self.max_queue, batch))
+        self.delay = _int_env(env, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+        self.endpoint = traces or f"{base.removesuffix('/')}/v1/traces"
+        self.headers = {
+            "Content-Type": "application/x-protobuf",
+            **parse_env_headers(_otlp(env, "HEADERS"), liberal=True),
+        }
+        self.gzip = _otlp(env, "COMPRESSION", "none").strip().lower() == "gzip"
+        if self.gzip:
+            self.headers["Content-Encoding"] = "gzip"
+        try:
+            self.timeout = float(_otlp(env, "TIMEOUT", "10"))
+        except ValueError:
+            log.warning("OTLP timeout %r is not a number; using 10 s", _otlp(env, "TIMEOUT"))
+            self.timeout = 10.0
+        self.verify: str | bool = _otlp(env, "CERTIFICATE") or True
+        cert, key = _otlp(env, "CLIENT_CERTIFICATE"), _otlp(env, "CLIENT_KEY")
+        self.cert = (cert, key) if cert and key else (cert or None)
+        # ResourceSpans.resource and ScopeSpans.scope, serialized once
+        pb_resource = PbResource(
+            attributes=[KeyValue(key=k, value=_pb_value(v)) for k, v in resource.attributes.items()]
+        )
+        self.resource = _field(b"\x0a", pb_resource.SerializeToString())
+        scope = InstrumentationScope(name="hookbus")
+        self.scope = _field(b"\x0a", scope.SerializeToString())
+        #: spans queued, exported (the receiver said 2xx), dropped (queue full), failed (the
+        #: receiver refused their batch or did not answer in time)
+        self.stats = collections.Counter[str]()
+        self._queue: collections.deque[LightSpan | ReadableSpan] = collections.deque()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stopping = False
+        self._flushing = False
+        self._logged = 0.0
+        self._session: Any = None
+        #: work for this thread at each wake, before the spans (telemetry's deferred records)
+        self.chores: list[Callable[[], None]] = []
+        self._thread = threading.Thread(target=self._run, name="hookbus-span-export", daemon=True)
+        self._thread.start()
+
+    # -- on the application's threads: O(1), no I/O --------------------------------------------
+
+    def add(self, span: LightSpan | ReadableSpan) -> None:
+        queue = self._queue
+        if len(queue) >= self.max_queue or self._stopping:
+            self.stats["dropped"] += 1
+            return
+        queue.append(span)
+        if len(queue) >= self.batch and not self._wake.is_set():
+            self._wake.set()
+
+    # -- the export thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            woken = self._wake.wait(self.delay)
+            self._wake.clear()
+            self._chores()
+            # Woken because a batch is full: send full batches only (a request costs the
+            # receiver and this process more than its spans do); the timer sends the rest.
+            self._drain(full_only=woken and not self._flushing)
+        self._chores()
+        self._drain()
+
+    def _chores(self) -> None:
+        for chore in self.chores:
+            try:
+                chore()
+            except Exception:
+                log.exception("telemetry chore %r failed", chore)
+
+    def _drain(self, full_only: bool = False) -> None:
+        self._idle.clear()
+        try:
+            while self._queue and (len(self._queue) >= self.batch or not full_only):
+                count = min(self.batch, len(self._queue))
+                batch = [self._queue.popleft() for _ in range(count)]
+                self._send(batch)
+        finally:
+            self._idle.set()
+
+    def _encode(self, batch: Sequence[LightSpan | ReadableSpan]) -> bytes:
+        """One ``ExportTraceServiceRequest``: HookBus's spans in one ``ResourceSpans``, the
+        application's as the SDK encodes them (serialized messages concatenate into one)."""
+        ours: list[bytes] = []
+        theirs: list[ReadableSpan] = []
+        sdk: list[bytes] = []
+        for start in range(0, len(batch), SLICE):
+            for span in batch[start : start + SLICE]:
+                if isinstance(span, ReadableSpan):
+                    theirs.append(span)
+                else:
+                    ours.append(_field(b"\x12", encode_span(span)))
+            if len(theirs) >= SLICE or (theirs and start + SLICE >= len(batch)):
+                sdk.append(encode_spans(theirs).SerializeToString())
+                theirs = []
+            time.sleep(0)  # gives the GIL back: the event loop's thread takes it if it waits
+        body = b"".join(sdk)
+        if ours:
+            scope_spans = _field(b"\x12", self.scope + b"".join(ours))
+            body = _field(b"\x0a", self.resource + scope_spans) + body
+        return gzip.compress(body) if self.gzip else body
+
+    def _send(self, batch: Sequence[LightSpan | ReadableSpan]) -> None:
+        import requests  # the SDK's OTLP/HTTP exporter's own HTTP client
+
+        try:
+            body = self._encode(batch)
+        except Exception as exc:  # a span attribute protobuf cannot carry: count it, go on
+            self._failed(len(batch), f"could not encode {len(batch)} spans: {exc!r}")
+            return
+        if self._session is None:
+            self._session = requests.Session()
+        try:
+            response = self._session.post(
+                self.endpoint, data=body, headers=self.headers, timeout=self.timeout,
+                verify=self.verify, cert=self.cert,
+            )  # fmt: skip
+        except requests.RequestException as exc:
+            self._failed(len(batch), f"{len(batch)} spans not exported to {self.endpoint}: {exc}")
+            return
+        if 200 <= response.status_code < 300:
+            self.stats["exported"] += len(batch)
+        else:
+            why = f"HTTP {response.status_code} {response.text[:200]!r}"
+            self._failed(len(batch), f"{len(batch)} spans refused by {self.endpoint}: {why}")
+
+    def _failed(self, count: int, why: str) -> None:
+        self.stats["failed"] += count
+        now = time.monotonic()
+        if now - self._logged >= LOG_EVERY_SECS:
+            self._logged = now
+            log.warning("%s (%d spans lost so far)", why, self.stats["failed"])
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Send what is queued now; True if the queue emptied within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        self._flushing = True
+        try:
+            while self._queue or not self._idle.is_set():
+                if time.monotonic() > deadline:
+                    return False
+                self._wake.set()
+                time.sleep(0.005)
+            return True
+        finally:
+            self._flushing = False
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Send what is queued, then stop the thread."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._session is not None:
+            self._session.close()
+
+
+class Forward(SpanProcessor):
+    """The application's own SDK spans go out through the same queue and thread."""
+
+    def __init__(self, export: SpanExport) -> None:
+        self.export = export
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is not None and span.context.trace_flags.sampled:
+            self.export.add(span)
+
+    def shutdown(self) -> None:
+        self.export.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.export.flush(timeout_millis / 1000)

@@ -1,0 +1,218 @@
+"""HookBus's span export (bus/span_export.py): what it writes decodes as OTLP, the sampler
+decides, the queue is bounded, every span lost is counted, and the event loop never waits
+on the receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
+
+from bus.span_export import encode_span
+from bus.telemetry import LightSpan, context_from
+from tests.harness import ROOT
+from tests.otlp_receiver import OTLPReceiver
+
+
+def scenario(name: str, n: int, **env: str) -> list[dict[str, Any]]:
+    """Run tests/span_scenario.py NAME N with ``env``; its JSON lines."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.span_scenario", name, str(n)],
+        cwd=ROOT, env={**base, "OTEL_SERVICE_NAME": "scenario", **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_span_decodes_field_by_field_with_the_protobuf_classes() -> None:
+    trace_id, span_id, parent_id = 0x0123456789ABCDEF0123456789ABCDEF, 0x1122334455667788, 0x99
+    state = TraceState([("vendor", "value")])
+    context = SpanContext(trace_id, span_id, False, TraceFlags(TraceFlags.SAMPLED), state)
+    parent = SpanContext(trace_id, parent_id, True, TraceFlags(TraceFlags.SAMPLED))
+    linked = SpanContext(0xABC, 0xDEF, True)
+    attrs = {"s": "é text", "t": True, "f": False, "i": -5, "big": 2**40, "x": 0.25,
+             "list": ["a", "b"], "other": object.__name__}  # fmt: skip
+    span = LightSpan("dispatch PreToolUse", context, parent, SpanKind.CLIENT, dict(attrs),
+                     [linked], 1_000, True, None)  # fmt: skip
+    span.add_event("Block", {"reason": "no"})
+    span.set_status(StatusCode.ERROR, "it failed")
+    span.end(2_000)
+
+    decoded = PbSpan.FromString(encode_span(span))
+
+    assert decoded.trace_id == trace_id.to_bytes(16, "big")
+    assert decoded.span_id == span_id.to_bytes(8, "big")
+    assert decoded.parent_span_id == parent_id.to_bytes(8, "big")
+    assert decoded.trace_state == "vendor=value"
+    assert decoded.name == "dispatch PreToolUse" and decoded.kind == PbSpan.SPAN_KIND_CLIENT
+    assert (decoded.start_time_unix_nano, decoded.end_time_unix_nano) == (1_000, 2_000)
+    values = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in decoded.attributes}
+    assert values["s"] == "é text" and values["t"] is True and values["f"] is False
+    assert values["i"] == -5 and values["big"] == 2**40 and values["x"] == 0.25
+    assert [v.string_value for v in values["list"].values] == ["a", "b"]
+    assert values["other"] == "object"
+    [event] = decoded.events
+    assert event.name == "Block" and event.attributes[0].value.string_value == "no"
+    [link] = decoded.links
+    assert link.trace_id == (0xABC).to_bytes(16, "big") and link.span_id == (0xDEF).to_bytes(
+        8, "big"
+    )
+    assert decoded.status.code == 2 and decoded.status.message == "it failed"
+    assert decoded.flags == 0x301  # sampled, parent's remoteness known, parent remote
+
+
+TRACE, SPAN = "1" * 32, "1" * 16
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    ["", "garbage", f"00-{'0' * 32}-{SPAN}-01", f"ff-{TRACE}-{SPAN}-01",
+     f"00-{'g' * 32}-{SPAN}-01", f"00-{TRACE}-{SPAN}-01-x", f"00-{TRACE}-{'0' * 16}-01"],
+)  # fmt: skip
+def test_a_traceparent_that_is_not_valid_starts_no_trace(traceparent: str) -> None:
+    from opentelemetry import trace
+
+    assert not trace.get_current_span(context_from(traceparent)).get_span_context().is_valid
+
+
+def test_spans_reach_a_receiver_with_their_parents_from_one_process_to_the_next() -> None:
+    with OTLPReceiver() as receiver:
+        [made, final] = scenario("traces", 20, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                                 OTEL_METRICS_EXPORTER="none")  # fmt: skip
+        spans = list(receiver.spans)
+    assert final["stats"] == {"exported": 60}
+    by_id = {s["span_id"]: s for s in spans}
+    for t in made["traces"]:
+        mine = [s for s in spans if s["trace_id"] == t["trace_id"]]
+        assert sorted(s["name"] for s in mine) == ["child", "hook remote", "root"]
+        hook = next(s for s in mine if s["name"] == "hook remote")
+        assert by_id[hook["parent_id"]]["name"] == "child"
+        assert by_id[by_id[hook["parent_id"]]["parent_id"]]["name"] == "root"
+        assert t["traceparent"].endswith("-01")
+
+
+def test_the_sampler_decides_and_a_continued_trace_follows_its_parent() -> None:
+    with OTLPReceiver() as receiver:
+        [made, final] = scenario(
+            "traces", 200, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_METRICS_EXPORTER="none", OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+            OTEL_TRACES_SAMPLER_ARG="0.5",
+        )  # fmt: skip
+        spans = list(receiver.spans)
+    sampled = {t["trace_id"] for t in made["traces"] if t["traceparent"].endswith("-01")}
+    assert 0 < len(sampled) < 200  # the ratio sampler kept some traces, not all
+    exported = {s["trace_id"] for s in spans}
+    assert exported == sampled  # no span of an unsampled trace, in either "process"
+    assert final["stats"] == {"exported": 3 * len(sampled)}
+    assert all(sum(s["trace_id"] == t for s in spans) == 3 for t in sampled)
+
+
+def test_sampling_off_exports_nothing_but_still_propagates() -> None:
+    with OTLPReceiver() as receiver:
+        [made, final] = scenario(
+            "traces", 5, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_METRICS_EXPORTER="none", OTEL_TRACES_SAMPLER="always_off",
+        )  # fmt: skip
+        assert receiver.spans == []
+    assert all(t["traceparent"].endswith("-00") for t in made["traces"])
+    assert final["stats"] == {}
+
+
+class _Stuck:
+    """An OTLP endpoint that takes requests and answers none until released."""
+
+    def __init__(self, status: int | None = None) -> None:
+        release = self.release = threading.Event()
+        self.requests = 0
+        stuck = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                stuck.requests += 1
+                if status is None:
+                    release.wait(60)
+                self.send_response(status or 200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> _Stuck:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stuck() -> Iterator[_Stuck]:
+    with _Stuck() as endpoint:
+        yield endpoint
+
+
+def test_a_silent_receiver_neither_blocks_the_loop_nor_grows_the_queue(stuck: _Stuck) -> None:
+    [made, final] = scenario(
+        "stuck", 500, OTEL_EXPORTER_OTLP_ENDPOINT=stuck.endpoint, OTEL_METRICS_EXPORTER="none",
+        OTEL_BSP_MAX_QUEUE_SIZE="20", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="10",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+    )  # fmt: skip
+    assert made["made"] == 500  # the loop made every span while the receiver said nothing
+    assert stuck.requests >= 1
+    stats = final["stats"]
+    assert stats["dropped"] > 0  # the queue stayed within 20 spans: the rest were dropped
+    assert stats.get("exported", 0) == 0
+    assert stats["dropped"] + stats["failed"] == 500  # every span accounted for
+
+
+def test_a_receiver_that_refuses_is_counted() -> None:
+    with _Stuck(status=503) as refusing:
+        [_, final] = scenario("traces", 10, OTEL_EXPORTER_OTLP_ENDPOINT=refusing.endpoint,
+                              OTEL_METRICS_EXPORTER="none")  # fmt: skip
+    assert final["stats"] == {"failed": 30}
+
+
+def test_exported_request_is_one_otlp_message() -> None:
+    """What the receiver decodes is an ExportTraceServiceRequest (the bytes of HookBus's spans
+    and of the SDK's encoder concatenate into one)."""
+    bodies: list[bytes] = []
+
+    class Keep(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Keep)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        scenario("traces", 3, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
+                 OTEL_METRICS_EXPORTER="none")  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = [s for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+             for ss in rs.scope_spans for s in ss.spans]  # fmt: skip
+    assert len(spans) == 9
