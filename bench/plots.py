@@ -536,17 +536,26 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 )
     r = reports.get("tracing_cost")
     if r and "on" in r:
-        rows.append(
-            _row(
-                "tracing",
-                "1 hook over Redis, tracing on, p50",
-                round(r["on"]["p50_us"], 1),
-                round(r["off"]["p50_us"], 1),
-                "µs",
-                "tracing off",
-                round(r["ratio_p50"], 2),
+        t = r.get("target") or {}
+        for pct in ("p50", "p99"):
+            ratio = r.get(f"ratio_{pct}")
+            if ratio is None:  # results from before the p99 was kept
+                continue
+            limit = t.get(f"max_ratio_{pct}")
+            rows.append(
+                _row(
+                    "tracing",
+                    f"1 hook over Redis, tracing on (OTLP), {pct}",
+                    round(r["on"][f"{pct}_us"], 1),
+                    round(r["off"][f"{pct}_us"], 1),
+                    "µs",
+                    "tracing off",
+                    round(ratio, 2),
+                    f"≤ {limit:g}x" if limit else "",
+                    ratio <= limit if limit else None,
+                    f"tracing.{pct}",
+                )
             )
-        )
     return rows
 
 

@@ -45,7 +45,7 @@ from bench.common import (
 )
 
 RESULTS = ROOT / "bench" / "results" / "tracing_cost.json"
-FULL = Plan(warmup=500, rounds=10, batch=500)
+FULL = Plan(warmup=500, rounds=10, batch=1000)
 QUICK = Plan(warmup=50, rounds=2, batch=100)
 TARGET = {"max_ratio_p50": 1.15, "max_ratio_p99": 1.5}
 SPANS_PER_DISPATCH = {"agent": 2, "worker": 1}  # tool + dispatch; hook
@@ -104,11 +104,12 @@ class Side:
         self.worker = children.start(
             f"worker-{name}", "workers.cli", ["worker", "bench.sync_dispatch:Noop1"], env
         )
-        self.agent = subprocess.Popen(
-            [sys.executable, "-c", BOOT, "bench.tracing_cost", "--agent"],
-            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=open(children.logdir / f"agent-{name}.log", "wb"), text=True,  # noqa: SIM115
-        )  # fmt: skip
+        with open(children.logdir / f"agent-{name}.log", "wb") as log:
+            self.agent = subprocess.Popen(
+                [sys.executable, "-c", BOOT, "bench.tracing_cost", "--agent"],
+                cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                text=True,
+            )  # fmt: skip
         self.samples: list[int] = []
         self.dispatched = 0
         self.traced = json.loads(self._line())["traced"]
@@ -195,6 +196,9 @@ def measure(plan: Plan, profile: Path | None) -> dict[str, Any]:
                 if side.agent.poll() is None:
                     side.agent.kill()
                     side.agent.wait()
+                for pipe in (side.agent.stdin, side.agent.stdout):
+                    if pipe is not None:
+                        pipe.close()
             children.stop()
     timed = plan.samples
     report: dict[str, Any] = {

@@ -30,6 +30,7 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context, attach, detach
 from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
     Link,
     NonRecordingSpan,
     Span,
@@ -50,15 +51,10 @@ tracer = trace.get_tracer("hookbus")
 meter = metrics.get_meter("hookbus")
 
 _state = {"enabled": False}
-#: Where HookBus's own spans go when traces are exported over OTLP (``configure``); None: they
-#: are SDK spans (console exporter) or nothing at all (tracing off).
-_light: dict[str, Any] = {
-    "export": None,
-    "sampler": None,
-    "ids": None,
-    "sdk": False,
-    "default_sampler": False,
-}
+#: The last span export (its counts stay readable after ``shutdown()``); whether HookBus's
+#: spans are the SDK's (console exporter).
+_last_export: SpanExport | None = None
+_sdk_spans = False
 _ACTION_EVENTS = frozenset({"Block", "MutateInput", "MutateOutput", "Override"})
 
 
@@ -88,6 +84,7 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 
+    global _export, _sampler, _ids, _default_sampler, _sdk_spans, _last_export
     env = os.environ if env is None else env
     traces, metric_kind = _exporter("TRACES", env), _exporter("METRICS", env)
     if traces == "none" and metric_kind == "none":
@@ -97,7 +94,7 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
         provider = TracerProvider(resource=resource)
         if traces == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-            _light["sdk"] = True
+            _sdk_spans = True
         else:  # OTLP/HTTP: HookBus's spans and the application's through one export thread
             from bus.span_export import Forward
 
@@ -105,8 +102,8 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
             provider.add_span_processor(Forward(export))
             describe: Any = provider.sampler.get_description  # untyped in the SDK
             default = describe() == DEFAULT_ON.get_description()  # type: ignore[no-untyped-call]
-            _light.update(export=export, sampler=provider.sampler, ids=provider.id_generator,
-                          default_sampler=default)  # fmt: skip
+            _export = _last_export = export
+            _sampler, _ids, _default_sampler = provider.sampler, provider.id_generator, default
             export.chores.append(_deferred.drain)
         trace.set_tracer_provider(provider)
     if metric_kind != "none":
@@ -139,10 +136,10 @@ def shutdown() -> None:
         stop = getattr(provider, "shutdown", None)
         if callable(stop):
             stop()
-    export = _light["export"]
-    if export is not None:
-        export.shutdown()
-    _light.update(export=None, sampler=None, sdk=False, last=export or _light.get("last"))
+    global _export, _sdk_spans
+    if _export is not None:
+        _export.shutdown()
+    _export, _sdk_spans = None, False
 
 
 class _Deferred:
@@ -195,8 +192,7 @@ def _spans_lost(options: Any) -> Iterator[Any]:
 def span_stats() -> dict[str, int]:
     """Spans exported, dropped (the queue was full) and failed (the receiver refused them or
     did not answer) so far; after ``shutdown()``, the final counts."""
-    export = _light["export"] or _light.get("last")
-    return dict(export.stats) if export is not None else {}
+    return dict(_last_export.stats) if _last_export is not None else {}
 
 
 # -- HookBus's own spans -----------------------------------------------------------------------
@@ -210,8 +206,9 @@ def span_stats() -> dict[str, int]:
 # SDK span the application starts there see it as their parent.
 
 
-class LightSpan:
-    """One span HookBus records itself: enough of the API's ``Span`` for HookBus's code."""
+class LightSpan(Span):
+    """One span HookBus records itself. It is an API ``Span``: while it is current, the
+    application's code that asks for the current span gets it, and may add to it."""
 
     __slots__ = ("_base", "_token", "attributes", "context", "end_ns", "events", "kind", "links",
                  "name", "parent_id", "parent_remote", "recording", "start_ns", "status_code",
@@ -241,12 +238,12 @@ class LightSpan:
         self.events: list[tuple[str, int, Mapping[str, Any]]] | None = None
         self.status_code = 0
         self.status_message = ""
-        self.trace_state = context.trace_state.to_header() if context.trace_state else ""
+        state = context.trace_state
+        self.trace_state = state.to_header() if state else ""
         self.recording = recording
         self._base = base
         self._token: object = None
 
-    # the part of the Span API that HookBus's code uses
     def is_recording(self) -> bool:
         return self.recording
 
@@ -254,14 +251,35 @@ class LightSpan:
         return self.context
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if self.recording:
+        if self.recording and not self.end_ns:
             self.attributes[key] = value
 
-    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
-        if self.recording:
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self.recording and not self.end_ns:
+            self.attributes.update(attributes)
+
+    def add_event(
+        self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None
+    ) -> None:
+        if self.recording and not self.end_ns:
             if self.events is None:
                 self.events = []
-            self.events.append((name, time.time_ns(), attributes or {}))
+            self.events.append((name, timestamp or time.time_ns(), attributes or {}))
+
+    def update_name(self, name: str) -> None:
+        if not self.end_ns:
+            self.name = name
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Mapping[str, Any] | None = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self.add_event("exception", {"exception.type": type(exception).__name__,
+                                     "exception.message": str(exception)[:1000],
+                                     **(attributes or {})}, timestamp)  # fmt: skip
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         if isinstance(status, Status):
@@ -271,16 +289,16 @@ class LightSpan:
             self.status_code = status.value
             self.status_message = description or ""
 
-    def end(self, end_ns: int | None = None) -> None:
-        self.end_ns = time.time_ns() if end_ns is None else end_ns
-        export = _light["export"]
-        if self.recording and self.context.trace_flags.sampled and export is not None:
-            export.add(self)
+    def end(self, end_time: int | None = None) -> None:
+        if self.end_ns:
+            return
+        self.end_ns = time.time_ns() if end_time is None else end_time
+        if self.recording and _export is not None and self.context.trace_flags.sampled:
+            _export.add(self)
 
     # as a context manager: the current span while it runs, ended on the way out
     def __enter__(self) -> LightSpan:
-        current = trace.set_span_in_context(NonRecordingSpan(self.context), self._base)
-        self._token = attach(current)
+        self._token = attach(trace.set_span_in_context(self, self._base))
         return self
 
     def __exit__(
@@ -293,9 +311,16 @@ class LightSpan:
         if exc is not None and self.recording:
             if not self.status_code:
                 self.set_status(StatusCode.ERROR, f"{kind.__name__ if kind else ''}: {exc}")
-            self.add_event("exception", {"exception.type": kind.__name__ if kind else "",
-                                         "exception.message": str(exc)[:1000]})  # fmt: skip
+            self.record_exception(exc)
         self.end()
+
+
+#: The export queue of HookBus's spans (None: not exporting over OTLP) and how spans are
+#: sampled and numbered: module globals, read on every span.
+_export: SpanExport | None = None
+_default_sampler = False
+_sampler: Any = None
+_ids: Any = None
 
 
 def start_span(
@@ -306,32 +331,36 @@ def start_span(
     context: Context | None = None,
     links: Sequence[Link] = (),
     start_ns: int | None = None,
+    parent: SpanContext | None = None,
 ) -> LightSpan:
-    """A HookBus span, child of the span current in ``context`` (default: the current one);
-    sampled as the provider's sampler decides. Only when ``light()`` is True."""
-    parent = trace.get_current_span(context).get_span_context()
-    ids = _light["ids"]
+    """A HookBus span, child of the span current in ``context`` (default: the current one), or
+    of ``parent`` (a remote span context: then the span starts from an empty context); sampled
+    as the provider's sampler decides. Only when ``light()`` is True."""
+    if parent is None:
+        parent = trace.get_current_span(context).get_span_context()
+    else:
+        context = Context()
+        if parent.is_valid:
+            context = trace.set_span_in_context(NonRecordingSpan(parent), context)
     attrs = attributes if attributes is not None else {}
-    trace_id = parent.trace_id if parent.is_valid else ids.generate_trace_id()
-    if _light["default_sampler"]:
+    valid = parent.is_valid
+    trace_id = parent.trace_id if valid else _ids.generate_trace_id()
+    if _default_sampler:
         # parentbased_always_on (the SDK's default): a child follows its parent, a root is
         # sampled. The same decision as the sampler's, without its objects.
-        sampled = recording = parent.trace_flags.sampled if parent.is_valid else True
-        state = parent.trace_state if parent.is_valid else None
+        sampled = recording = parent.trace_flags.sampled if valid else True
+        state = parent.trace_state if valid else None
     else:
-        decision = _light["sampler"].should_sample(context, trace_id, name, kind, attrs, links)
+        decision = _sampler.should_sample(context, trace_id, name, kind, attrs, links)
         sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
         state = decision.trace_state
         if decision.attributes:
             attrs.update(decision.attributes)
     span_context = SpanContext(
-        trace_id,
-        ids.generate_span_id(),
-        is_remote=False,
-        trace_flags=_SAMPLED if sampled else _NOT_SAMPLED,
-        trace_state=state,
+        trace_id, _ids.generate_span_id(), False, _SAMPLED if sampled else _NOT_SAMPLED, state
     )
-    return LightSpan(name, span_context, parent, kind, attrs, [lk.context for lk in links],
+    return LightSpan(name, span_context, parent, kind, attrs,
+                     tuple(lk.context for lk in links) if links else (),
                      time.time_ns() if start_ns is None else start_ns, recording,
                      context)  # fmt: skip
 
@@ -342,7 +371,7 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 def light() -> bool:
     """True when HookBus's spans are ``LightSpan``s (traces exported over OTLP)."""
-    return _light["export"] is not None
+    return _export is not None
 
 
 def span(
@@ -355,9 +384,9 @@ def span(
 ) -> AbstractContextManager[Any]:
     """``with span(name, attrs) as s:``: a span current while the block runs. A ``LightSpan``
     when traces go out over OTLP, else the SDK's (console exporter) or a no-op (tracing off)."""
-    if _light["export"] is not None:
+    if _export is not None:
         return start_span(name, attributes, kind=kind, context=context, links=links)
-    if _light["sdk"] or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if _sdk_spans or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return tracer.start_as_current_span(
             name, context=context, kind=kind, attributes=attributes, links=links
         )
@@ -582,12 +611,17 @@ def hook_span(
 ) -> AbstractContextManager[Any]:
     """The span of one hook execution in a worker: child of the request's context, or (async
     hooks) a new trace linked to the span that published the event."""
-    parent = context_from(traceparent, tracestate)
+    remote = _span_context(traceparent, tracestate) if traceparent else None
     if link_only:
-        linked = trace.get_current_span(parent).get_span_context()
-        links = [Link(linked)] if linked.is_valid else []
+        links = [Link(remote)] if remote is not None else []
         return span(name, attributes, kind=SpanKind.CONSUMER, context=Context(), links=links)
-    return span(name, attributes, kind=SpanKind.SERVER, context=parent)
+    if _export is not None:
+        return start_span(
+            name, attributes, kind=SpanKind.SERVER, parent=remote or INVALID_SPAN_CONTEXT
+        )
+    return span(
+        name, attributes, kind=SpanKind.SERVER, context=context_from(traceparent, tracestate)
+    )
 
 
 def count_dead_letters(source: str, n: int = 1) -> None:

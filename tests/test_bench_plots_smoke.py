@@ -187,10 +187,19 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
             ],
         },
         "tracing_cost": {
-            "samples": 300,
-            "off": {"p50_us": 400.0, "p99_us": 900.0},
-            "on": {"p50_us": 500.0, "p99_us": 1200.0},
-            "ratio_p50": 1.25,
+            "off": {"p50_us": 400.0, "p99_us": 900.0, "samples": 300},
+            "on": {"p50_us": 440.0, "p99_us": 1200.0, "samples": 300},
+            "ratio_p50": 1.1,
+            "ratio_p99": 1.33,
+            "ratio_p50_per_batch": {"min": 0.9, "median": 1.1, "max": 1.3},
+            "spans": {"expected": {"a": 900}, "received": {"a": 900}},
+            "cpu_us_per_dispatch": {
+                "agent-off:main": 400.0,
+                "agent-on:main": 450.0,
+                "agent-on:python": 20.0,
+                "receiver": 10.0,
+            },
+            "target": {"max_ratio_p50": 1.15, "max_ratio_p99": 1.5, "met": True},
         },
     }
 
@@ -240,6 +249,10 @@ def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None
     benchmarks = {row["benchmark"] for row in summary["rows"]}
     assert {"in-process", "sync, agent", "sync, service", "command hooks", "async"} <= benchmarks
     assert {"concurrency, closed", "concurrency, paced", "tracing"} <= benchmarks
+    tracing = {row["case"]: row for row in summary["rows"] if row["benchmark"] == "tracing"}
+    assert sorted(tracing) == ["1 hook over Redis, tracing on (OTLP), p50",
+                               "1 hook over Redis, tracing on (OTLP), p99"]  # fmt: skip
+    assert [row["met"] for row in tracing.values()] == [True, True]
     assert "HTTP entry point" in benchmarks
     for row in summary["rows"]:
         assert row["value"] is not None and row["ratio"] is not None, row
