@@ -13,7 +13,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +23,16 @@ from bus import breakglass
 from bus.actions import NotifyResult
 from bus.aggregation import Outcome
 from bus.breakglass import BreakGlass, switch
-from bus.dispatch import Endpoint, check_outside_hooks, enter_hook, run_targets
+from bus.dispatch import Endpoint, check_outside_hooks, enter_hook, run_targets, start_local
 from bus.errors import ConfigError
-from bus.events import HookContext, HookEvent, SessionStopContext, session_of, tool_of
+from bus.events import (
+    TOOL_EVENTS,
+    HookContext,
+    HookEvent,
+    SessionStopContext,
+    session_of,
+    tool_of,
+)
 from bus.hooks import (
     ASYNC_METHODS,
     MODES,
@@ -76,7 +83,16 @@ class HookRegistry(EventRunner):
     def __init__(self, settings: HookSettings | None = None) -> None:
         super().__init__(settings)
         self._seq = itertools.count()
+        # Each list is replaced, never changed in place: a dispatch in flight keeps the list
+        # it started with (it dispatches the index itself when nothing needs selecting).
         self._event_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
+        #: Per event: every global hook lets every tool call through and enforces its answers,
+        #: so with no session hooks, selection and the shadowed-answer scan have nothing to do.
+        self._plain: dict[HookEvent, bool] = dict.fromkeys(HookEvent, True)
+        #: Per event, each global hook's spec and its bound method for the event, in order.
+        self._calls: dict[HookEvent, list[tuple[HookSpec, Callable[[Any], Any]]]] = {
+            e: [] for e in HookEvent
+        }
         self._session_hooks: dict[str, list[LocalTarget]] = {}
         self._async_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
         self._names: set[str] = set()
@@ -104,8 +120,19 @@ class HookRegistry(EventRunner):
         self._claim_name(target.spec.name)
         for event in HookEvent:
             if target.spec.subscribes(event):
-                bisect.insort(self._event_index[event], target, key=lambda t: t.order)
+                targets = list(self._event_index[event])
+                bisect.insort(targets, target, key=lambda t: t.order)
+                self._index(event, targets)
         return target.spec
+
+    def _index(self, event: HookEvent, targets: list[LocalTarget]) -> None:
+        self._event_index[event] = targets
+        self._calls[event] = [(t.spec, t.methods[event]) for t in targets]
+        self._plain[event] = all(
+            t.spec.mode == "enforce"
+            and (event not in TOOL_EVENTS or t.spec.match_filter.is_match_all())
+            for t in targets
+        )
 
     def add_async(self, hook: AsyncAgentHook) -> HookSpec:
         """Register a fire-and-forget hook."""
@@ -155,12 +182,16 @@ class HookRegistry(EventRunner):
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         found = False
-        for targets in self._event_index.values():
-            for i, t in enumerate(targets):
+        for event, targets in list(self._event_index.items()):
+            if not any(t.spec.name == name for t in targets):
+                continue
+            changed = list(targets)
+            for i, t in enumerate(changed):
                 if t.spec.name == name:
                     spec = msgspec.structs.replace(t.spec, mode=mode)
-                    targets[i] = LocalTarget(spec, t.order, t.hook, t.methods, t.endpoint)
-                    found = True
+                    changed[i] = LocalTarget(spec, t.order, t.hook, t.methods, t.endpoint)
+            self._index(event, changed)
+            found = True
         if not found:
             raise ConfigError(f"no global hook named {name!r}")
 
@@ -191,16 +222,36 @@ class HookRegistry(EventRunner):
 
     # -- dispatch ------------------------------------------------------------------------------
 
+    def start_gather(
+        self, event: HookEvent, ctx: HookContext, sequential: bool = False
+    ) -> list[Outcome] | Awaitable[list[Outcome]]:
+        if (
+            self.breakglass is None
+            and self._plain[event]
+            and not (self._session_hooks and session_of(ctx) in self._session_hooks)
+        ):
+            # The usual case, kept cheap (this is the hot path): select() would return the
+            # index as it is, and no hook's answer can be held back.
+            index = self._event_index[event]
+            return start_local(event, ctx, index, self.settings.hook_timeout_secs, sequential,
+                               self._calls[event])  # fmt: skip
+        return self.gather(event, ctx, sequential=sequential)
+
     async def gather(
         self, event: HookEvent, ctx: HookContext, *, sequential: bool = False
     ) -> list[Outcome]:
-        session = self._session_hooks.get(session_of(ctx), ())
+        session = self._session_hooks.get(session_of(ctx), ()) if self._session_hooks else ()
+        index = self._event_index[event]
+        if self.breakglass is None and not session and self._plain[event]:
+            return await run_targets(event, ctx, index, self.settings.hook_timeout_secs,
+                                     sequential=sequential, local=True)  # fmt: skip
         name, args = tool_of(ctx)
-        targets = select(event, self._event_index[event], session, name, args)
-        if self.breakglass is None:  # the usual case, kept cheap: this is the hot path
+        targets = select(event, index, session, name, args)
+        if self.breakglass is None:
             outcomes = await run_targets(
-                event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential
-            )
+                event, ctx, targets, self.settings.hook_timeout_secs, sequential=sequential,
+                local=True,
+            )  # fmt: skip
             if outcomes:
                 self._note_held_back(event, ctx, outcomes, "", _NONE)
             return outcomes

@@ -212,7 +212,7 @@ class LightSpan(Span):
 
     __slots__ = ("_base", "_token", "attributes", "context", "end_ns", "events", "kind", "links",
                  "name", "parent_id", "parent_remote", "recording", "start_ns", "status_code",
-                 "status_message", "trace_state")  # fmt: skip
+                 "status_message", "trace_state", "w3c")  # fmt: skip
 
     def __init__(
         self,
@@ -243,6 +243,7 @@ class LightSpan(Span):
         self.recording = recording
         self._base = base
         self._token: object = None
+        self.w3c: tuple[str, str] | None = None  # its traceparent and tracestate, once asked
 
     def is_recording(self) -> bool:
         return self.recording
@@ -473,6 +474,10 @@ def instrument(runner: EventRunner) -> EventRunner:
         return outcomes
 
     runner.gather = traced_gather  # type: ignore[method-assign]
+    # the runner's own shortcut past gather() would go around the span
+    runner.start_gather = (  # type: ignore[method-assign]
+        lambda event, ctx, sequential=False: traced_gather(event, ctx, sequential=sequential)
+    )
     return runner
 
 
@@ -562,7 +567,15 @@ def headers() -> tuple[str, str]:
     """
     if not enabled():
         return "", ""
-    sc = trace.get_current_span().get_span_context()
+    current = trace.get_current_span()
+    if isinstance(current, LightSpan):  # written once per span: a dispatch asks twice
+        if current.w3c is None:
+            current.w3c = _w3c(current.context)
+        return current.w3c
+    return _w3c(current.get_span_context())
+
+
+def _w3c(sc: SpanContext) -> tuple[str, str]:
     if not sc.is_valid:
         return "", ""
     state = sc.trace_state.to_header() if sc.trace_state else ""

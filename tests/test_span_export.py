@@ -184,11 +184,15 @@ def test_a_silent_receiver_neither_blocks_the_loop_nor_grows_the_queue(stuck: _S
     assert stats["dropped"] + stats["failed"] == 500  # every span accounted for
 
 
-def test_a_receiver_that_refuses_is_counted() -> None:
-    with _Stuck(status=503) as refusing:
-        [_, final] = scenario("traces", 10, OTEL_EXPORTER_OTLP_ENDPOINT=refusing.endpoint,
-                              OTEL_METRICS_EXPORTER="none")  # fmt: skip
+def test_a_receiver_that_refuses_is_counted_and_the_loss_is_a_metric() -> None:
+    with _Stuck(status=503) as refusing, OTLPReceiver() as metrics:
+        [_, final] = scenario(
+            "traces", 10, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{refusing.endpoint}/v1/traces",
+            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"{metrics.endpoint}/v1/metrics",
+        )  # fmt: skip
+        lost = [m for m in metrics.metrics if m["name"] == "hookbus.spans.lost"]
     assert final["stats"] == {"failed": 30}
+    assert lost and lost[-1]["attributes"] == {"reason": "failed"} and lost[-1]["value"] == 30
 
 
 def test_exported_request_is_one_otlp_message() -> None:
