@@ -481,3 +481,52 @@ def test_event_names_are_the_specifications() -> None:
     assert HookEvent.parse("PreToolUse") is PRE
     with pytest.raises(UnknownEventError):
         HookEvent.parse("preToolUse")
+
+
+async def test_hooks_that_answer_at_once_and_hooks_that_wait_mix_in_hook_order() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Waits(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> Block:
+            started.set()
+            await release.wait()
+            return Block(reason="waited")
+
+    class Crashes(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+            raise RuntimeError("boom")
+
+    class Mutates(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> MutateInput:
+            return MutateInput(updated_args={"path": "b"})
+
+    reg = registry(Recorder("first"), Waits("waits"), Crashes("crashes"), Mutates("mutates"),
+                   hook_timeout_secs=5)  # fmt: skip
+    dispatch = asyncio.ensure_future(reg.gather(PRE, pre(path="a")))
+    await asyncio.wait_for(started.wait(), 5)
+    release.set()
+    outcomes = await dispatch
+    assert [o.spec.name for o in outcomes] == ["first", "waits", "crashes", "mutates"]
+    assert outcomes[1].action == Block(reason="waited")
+    assert outcomes[2].failure == "error" and "boom" in outcomes[2].detail
+    assert outcomes[3].action == MutateInput(updated_args={"path": "b"})
+
+
+async def test_a_hook_added_while_a_dispatch_waits_is_not_part_of_it() -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Waits(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> Block:
+            started.set()
+            await release.wait()
+            return Block(reason="late")
+
+    reg = registry(Waits("waits"), hook_timeout_secs=5)
+    dispatch = asyncio.ensure_future(reg.run_pre_tool_use(pre()))
+    await asyncio.wait_for(started.wait(), 5)
+    reg.add(Recorder("earlier", priority=-10))  # would come first in hook order
+    release.set()
+    result = await dispatch
+    assert result.action == Block(reason="late")
+    assert [b.hook_name for b in result.blocking_errors] == ["waits"]
+    assert [s.name for s in reg.specs(PRE)] == ["earlier", "waits"]
