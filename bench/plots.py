@@ -335,8 +335,8 @@ def plot_inprocess(report: dict[str, Any], out: Path) -> bool:
     ax.set_ylabel("latency of one run_pre_tool_use (µs)")
     t = report.get("target", {})
     ax.set_title(
-        f"In-process dispatch; target: {t.get('hooks', 3)} hooks ≤ "
-        f"{t.get('max_p50_us', 20):g} µs p50 ({'holds' if t.get('met') else 'misses'})",
+        f"In-process dispatch; target: p50 ≤ {t.get('max_ratio', 2):g}x pluggy at 1, 3 and 16 "
+        f"hooks ({'holds' if t.get('met') else 'misses'})",
         fontsize=10,
     )
     ax.grid(True, axis="y", alpha=0.25)
@@ -389,10 +389,16 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     r = reports.get("inprocess")
     if r:
         t = r.get("target", {})
+        limit = t.get("max_ratio")  # older results: a p50 in µs for 3 hooks instead
+        sizes = t.get("hooks") if isinstance(t.get("hooks"), list) else [t.get("hooks")]
         for x in r["results"]:
             if x["hooks"] not in (1, 3, 16):
                 continue
-            is_target = x["hooks"] == t.get("hooks")
+            is_target = x["hooks"] in sizes
+            if limit is not None:
+                target, met = f"≤ {limit:g}x", x["ratio"] <= limit
+            else:
+                target, met = f"≤ {t['max_p50_us']:g} µs", t.get("met")
             rows.append(
                 _row(
                     "in-process",
@@ -402,8 +408,9 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "µs",
                     "pluggy",
                     x["ratio"],
-                    f"≤ {t['max_p50_us']:g} µs" if is_target else "",
-                    t.get("met") if is_target else None,
+                    target if is_target else "",
+                    met if is_target else None,
+                    f"inprocess.{x['hooks']}",
                 )
             )
     r = reports.get("sync_dispatch")
