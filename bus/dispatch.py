@@ -18,9 +18,9 @@ import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from bus.actions import Continue
+from bus.actions import CONTINUE, Continue
 from bus.aggregation import Outcome, check_answer
 from bus.errors import ConfigError, HookFailure
 from bus.events import HookContext, HookEvent
@@ -138,77 +138,21 @@ def _start(
 _Pending = tuple[int, float, float, float]  # index, deadline, start, timeout
 
 
-def _start_local(
-    event: HookEvent,
-    ctx: HookContext,
-    calls: Sequence[tuple[HookSpec, Callable[[Any], Any]]],
-    default_timeout: float,
-    sequential: bool,
-    outcomes: list[Outcome | None],
-    pending: dict[asyncio.Future[Any], _Pending],
-    began: float,
-    first: int = 0,
-) -> int:
-    """``start_local``'s loop for hook objects in this process, the in-process hot path: start
-    the hooks from ``first`` on; the index of the first one not started (``len(targets)``
-    unless ``sequential`` stopped at a hook that suspended).
-
-    Profiled (docs/performance.md, "In-process dispatch"), the general loop spent more on
-    its own calls per hook (the endpoint wrapper, ``_start``, ``eager``, tuples, a deadline
-    worked out for every hook) than the hooks took. Here, in a plain function, a hook's
-    coroutine is sent its first step inline; a deadline is worked out only for a hook that
-    suspends, which then goes on in a task under it, exactly as in the general loop. A hook's
-    time is measured from the end of the one before (one clock read per hook).
-    """
-    perf = time.perf_counter
-    t0 = began if first == 0 else perf()
-    for i in range(first, len(calls)):
-        spec, method = calls[i]
-        rest: Any = None
-        try:
-            started = method(ctx)
-            if type(started) is types.CoroutineType:
-                try:
-                    step = started.send(None)
-                except StopIteration as stop:
-                    answer = stop.value
-                else:
-                    rest = _resume(started, step)
-            elif isinstance(started, Awaitable):  # an awaitable that is not a coroutine
-                done, answer = eager(_await(started))
-                if not done:
-                    rest, answer = answer, None
-            else:
-                answer = started
-        except Exception as exc:  # a hook's crash is an outcome, not our crash
-            t1 = perf()
-            outcomes[i] = _failure(event, spec, exc, t1 - t0)
-            t0 = t1
-            continue
-        if rest is not None:  # it suspended: the rest of it runs in a task, under its deadline
-            loop = asyncio.get_running_loop()
-            base = loop.time() - (perf() - began)  # when the dispatch began, in loop time
-            timeout = spec.timeout or default_timeout
-            deadline = base + timeout
-            cap = deadline_cap.get()
-            if cap is not None and cap < deadline:
-                deadline, timeout = cap, max(0.0, cap - base)
-            pending[loop.create_task(rest)] = (i, deadline, t0, timeout)
-            if sequential:
-                return i + 1
-            t0 = perf()
-            continue
-        t1 = perf()
-        if type(answer) is Continue:  # the usual answer, allowed for every event
-            outcomes[i] = Outcome(spec, answer, None, "", t1 - t0)
-        else:
-            outcomes[i] = check_answer(event, spec, answer, t1 - t0)
-        t0 = t1
-    return len(calls)
-
-
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+class LocalCall(NamedTuple):
+    """A hook of this process for one event: its spec, its bound method for the event, and
+    the outcome of a Continue answer (``elapsed`` 0) for dispatches nobody times."""
+
+    spec: HookSpec
+    method: Callable[[Any], Any]
+    continued: Outcome
+
+
+def local_call(spec: HookSpec, method: Callable[[Any], Any]) -> LocalCall:
+    return LocalCall(spec, method, Outcome(spec, CONTINUE, None, "", 0.0))
 
 
 def start_local(
@@ -217,54 +161,107 @@ def start_local(
     targets: Sequence[Any],
     default_timeout: float,
     sequential: bool = False,
-    calls: Sequence[tuple[HookSpec, Callable[[Any], Any]]] | None = None,
+    calls: Sequence[LocalCall] | None = None,
+    timed: bool = True,
 ) -> list[Outcome] | Coroutine[Any, Any, list[Outcome]]:
-    """``run_targets(..., local=True)`` without a coroutine of its own: the outcomes at once
-    when every hook answered without suspending (the usual case), else a coroutine that waits
-    for the rest. Saves the embedded dispatch a coroutine level or two on its hot path.
-    ``calls``: each target's spec and its method for ``event``, if the caller keeps them."""
+    """``run_targets`` for hook objects of this process (``targets`` with their bound
+    ``methods``; ``calls``: each one's ``LocalCall`` for ``event``, if the caller keeps them),
+    without a coroutine of its own: the outcomes at once when every hook answered without
+    suspending (the usual case), else a coroutine that waits for the rest. ``timed=False``:
+    nobody will read the outcomes' ``elapsed`` (no observer, no tracing), so a hook that
+    answers Continue at once gets its target's ready-made outcome and no clock is read for it.
+
+    Profiled (docs/performance.md, "In-process dispatch"), the general loop spent more on its
+    own calls per hook (the endpoint wrapper, ``_start``, ``eager``, tuples, a deadline worked
+    out for every hook, a coroutine per level) than the hooks took. Here a hook's coroutine is
+    sent its first step inline; a deadline is worked out only for a hook that suspends, which
+    then goes on in a task under it, as in the general loop. A hook's time is measured from the
+    end of the one before (one clock read per hook).
+    """
     if not targets:
         return []
     if calls is None:
-        calls = [(t.spec, t.methods[event]) for t in targets]
-    began = time.perf_counter()
-    outcomes: list[Outcome | None] = [None] * len(targets)
+        calls = [local_call(t.spec, t.methods[event]) for t in targets]
+    perf = time.perf_counter
+    outcomes: list[Outcome | None] = [None] * len(calls)
     pending: dict[asyncio.Future[Any], _Pending] = {}
-    inside = _inside_hook.set(True)
+    began = t0 = perf()
+    next_hook = len(calls)
+    inside = _inside_hook.set(True)  # the hooks started here (and their tasks) are inside
     try:
-        started_up_to = _start_local(event, ctx, calls, default_timeout, sequential,
-                                     outcomes, pending, began)  # fmt: skip
+        for i, (spec, method, continued) in enumerate(calls):
+            rest: Any = None
+            try:
+                started = method(ctx)
+                if type(started) is types.CoroutineType:
+                    try:
+                        step = started.send(None)
+                    except StopIteration as stop:
+                        answer = stop.value
+                    else:
+                        rest = _resume(started, step)
+                elif isinstance(started, Awaitable):  # an awaitable that is not a coroutine
+                    done, answer = eager(_await(started))
+                    if not done:
+                        rest, answer = answer, None
+                else:
+                    answer = started
+            except Exception as exc:  # a hook's crash is an outcome, not our crash
+                t1 = perf()
+                outcomes[i] = _failure(event, spec, exc, t1 - t0)
+                t0 = t1
+                continue
+            if rest is not None:  # it suspended: the rest of it runs in a task, under its deadline
+                loop = asyncio.get_running_loop()
+                base = loop.time() - (perf() - began)  # when the dispatch began, in loop time
+                timeout = spec.timeout or default_timeout
+                deadline = base + timeout
+                cap = deadline_cap.get()
+                if cap is not None and cap < deadline:
+                    deadline, timeout = cap, max(0.0, cap - base)
+                pending[loop.create_task(rest)] = (i, deadline, t0, timeout)
+                if sequential:
+                    next_hook = i + 1
+                    break
+                t0 = perf()
+                continue
+            if type(answer) is Continue:  # the usual answer, allowed for every event
+                if not timed:
+                    outcomes[i] = continued
+                    continue
+                t1 = perf()
+                outcomes[i] = Outcome(spec, answer, None, "", t1 - t0)
+            else:
+                t1 = perf()
+                outcomes[i] = check_answer(event, spec, answer, t1 - t0)
+            t0 = t1
     finally:
         _inside_hook.reset(inside)
     if not pending:
         return outcomes  # type: ignore[return-value]  # every slot is filled
-    return _finish_local(event, ctx, targets, calls, default_timeout, sequential, outcomes,
-                         pending, began, started_up_to)  # fmt: skip
+    return _finish_local(event, ctx, targets, default_timeout, outcomes, pending, began,
+                         next_hook)  # fmt: skip
 
 
 async def _finish_local(
     event: HookEvent,
     ctx: HookContext,
     targets: Sequence[Any],
-    calls: Sequence[tuple[HookSpec, Callable[[Any], Any]]],
     default_timeout: float,
-    sequential: bool,
     outcomes: list[Outcome | None],
     pending: dict[asyncio.Future[Any], _Pending],
     began: float,
-    started_up_to: int,
+    next_hook: int,
 ) -> list[Outcome]:
+    """Wait for the hooks that suspended; in a sequential dispatch, then run the rest one at a
+    time, their deadlines counted from the dispatch's start as the first ones' were."""
     loop = asyncio.get_running_loop()
-    while started_up_to < len(targets):  # sequential: one at a time
-        await _collect(event, targets, outcomes, pending, loop)
-        inside = _inside_hook.set(True)
-        try:
-            started_up_to = _start_local(event, ctx, calls, default_timeout, sequential,
-                                         outcomes, pending, began, started_up_to)  # fmt: skip
-        finally:
-            _inside_hook.reset(inside)
-    if pending:
-        await _collect(event, targets, outcomes, pending, loop)
+    base = loop.time() - (time.perf_counter() - began)
+    await _collect(event, targets, outcomes, pending, loop)
+    if next_hook < len(targets):
+        outcomes[next_hook:] = await run_targets(
+            event, ctx, targets[next_hook:], default_timeout, sequential=True, started=base
+        )
     return outcomes  # type: ignore[return-value]  # every slot is filled by now
 
 

@@ -163,6 +163,7 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
 
 
 _WHAT = {kind: f"{event.value} context" for event, kind in CONTEXT_TYPES.items()}
+_DEEP_ENOUGH = 2 * MAX_CONTEXT_DEPTH
 
 
 def encode_context(ctx: Any) -> bytes:
@@ -172,7 +173,11 @@ def encode_context(ctx: Any) -> bytes:
         data = _encoder.encode(ctx)
     except Exception:
         data = _encode(ctx, _WHAT[type(ctx)], MAX_CONTEXT_DEPTH)  # raises, naming why
-    if data.count(b"[") + data.count(b"{") > MAX_CONTEXT_DEPTH or len(data) > MAX_CONTEXT_BYTES:
+    # JSON of 2 * MAX_CONTEXT_DEPTH bytes or fewer cannot nest deeper (each level opens and
+    # closes): no need to count its brackets (two passes that cost more than the encode).
+    if len(data) > _DEEP_ENOUGH and (
+        len(data) > MAX_CONTEXT_BYTES or data.count(b"[") + data.count(b"{") > MAX_CONTEXT_DEPTH
+    ):
         check_context(data, _WHAT[type(ctx)])
     return data
 

@@ -23,7 +23,15 @@ from bus import breakglass
 from bus.actions import NotifyResult
 from bus.aggregation import Outcome
 from bus.breakglass import BreakGlass, switch
-from bus.dispatch import Endpoint, check_outside_hooks, enter_hook, run_targets, start_local
+from bus.dispatch import (
+    Endpoint,
+    LocalCall,
+    check_outside_hooks,
+    enter_hook,
+    local_call,
+    run_targets,
+    start_local,
+)
 from bus.errors import ConfigError
 from bus.events import (
     TOOL_EVENTS,
@@ -90,9 +98,7 @@ class HookRegistry(EventRunner):
         #: so with no session hooks, selection and the shadowed-answer scan have nothing to do.
         self._plain: dict[HookEvent, bool] = dict.fromkeys(HookEvent, True)
         #: Per event, each global hook's spec and its bound method for the event, in order.
-        self._calls: dict[HookEvent, list[tuple[HookSpec, Callable[[Any], Any]]]] = {
-            e: [] for e in HookEvent
-        }
+        self._calls: dict[HookEvent, list[LocalCall]] = {e: [] for e in HookEvent}
         self._session_hooks: dict[str, list[LocalTarget]] = {}
         self._async_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
         self._names: set[str] = set()
@@ -127,7 +133,7 @@ class HookRegistry(EventRunner):
 
     def _index(self, event: HookEvent, targets: list[LocalTarget]) -> None:
         self._event_index[event] = targets
-        self._calls[event] = [(t.spec, t.methods[event]) for t in targets]
+        self._calls[event] = [local_call(t.spec, t.methods[event]) for t in targets]
         self._plain[event] = all(
             t.spec.mode == "enforce"
             and (event not in TOOL_EVENTS or t.spec.match_filter.is_match_all())
@@ -233,8 +239,10 @@ class HookRegistry(EventRunner):
             # The usual case, kept cheap (this is the hot path): select() would return the
             # index as it is, and no hook's answer can be held back.
             index = self._event_index[event]
+            # No observer reads the outcomes' times here (observers, and tracing, take the
+            # runner's other paths): timed=False.
             return start_local(event, ctx, index, self.settings.hook_timeout_secs, sequential,
-                               self._calls[event])  # fmt: skip
+                               self._calls[event], timed=False)  # fmt: skip
         return self.gather(event, ctx, sequential=sequential)
 
     async def gather(
