@@ -582,27 +582,27 @@ def _w3c(sc: SpanContext) -> tuple[str, str]:
     return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}", state
 
 
-_HEX = frozenset("0123456789abcdef")
-
-
 def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
     """The remote span context of a W3C ``traceparent`` (None if it is not a valid one)."""
-    parts = traceparent.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+    parts = traceparent.split("-")
+    if len(parts) < 4 or not traceparent.isascii() or traceparent != traceparent.lower():
         return None
     version, trace_hex, span_hex, flags = parts[:4]
-    if (version == "00" and len(parts) != 4) or len(flags) != 2:
+    if len(version) != 2 or version == "ff" or (version == "00" and len(parts) != 4):
         return None
-    if len(trace_hex) != 32 or len(span_hex) != 16:
+    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags) != 2:
         return None
-    if not _HEX.issuperset(trace_hex + span_hex + flags + version):
+    if not (trace_hex + span_hex + flags + version).isalnum():  # no sign, space or underscore
         return None
-    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    try:  # int() then rejects any letter past f
+        trace_id, span_id, bits = int(trace_hex, 16), int(span_hex, 16), int(flags, 16)
+        int(version, 16)
+    except ValueError:
+        return None
     if not trace_id or not span_id:
         return None
     state = TraceState.from_header([tracestate]) if tracestate else None
-    flags_byte = TraceFlags(int(flags, 16))
-    return SpanContext(trace_id, span_id, True, flags_byte, state)
+    return SpanContext(trace_id, span_id, True, TraceFlags(bits), state)
 
 
 def context_from(traceparent: str, tracestate: str = "") -> Context:

@@ -79,12 +79,25 @@ TRACE, SPAN = "1" * 32, "1" * 16
 @pytest.mark.parametrize(
     "traceparent",
     ["", "garbage", f"00-{'0' * 32}-{SPAN}-01", f"ff-{TRACE}-{SPAN}-01",
-     f"00-{'g' * 32}-{SPAN}-01", f"00-{TRACE}-{SPAN}-01-x", f"00-{TRACE}-{'0' * 16}-01"],
+     f"00-{'g' * 32}-{SPAN}-01", f"00-{TRACE}-{SPAN}-01-x", f"00-{TRACE}-{'0' * 16}-01",
+     f"00-{'A' * 32}-{SPAN}-01", f"00-{'1_' * 16}-{SPAN}-01", f"00-{' 1' * 16}-{SPAN}-01",
+     f"00-{'٣' * 32}-{SPAN}-01", f"0-{TRACE}-{SPAN}-01", f"00-{TRACE}-{SPAN}-1"],
 )  # fmt: skip
 def test_a_traceparent_that_is_not_valid_starts_no_trace(traceparent: str) -> None:
     from opentelemetry import trace
 
     assert not trace.get_current_span(context_from(traceparent)).get_span_context().is_valid
+
+
+def test_a_valid_traceparent_is_read_whole() -> None:
+    from opentelemetry import trace
+
+    context = context_from(f"00-{'ab' * 16}-{'cd' * 8}-01", "k=v")
+    sc = trace.get_current_span(context).get_span_context()
+    assert (sc.trace_id, sc.span_id) == (int("ab" * 16, 16), int("cd" * 8, 16))
+    assert sc.is_remote and sc.trace_flags.sampled and sc.trace_state.get("k") == "v"
+    future = context_from(f"01-{'ab' * 16}-{'cd' * 8}-00-more")  # a later version may add fields
+    assert trace.get_current_span(future).get_span_context().span_id == int("cd" * 8, 16)
 
 
 def test_spans_reach_a_receiver_with_their_parents_from_one_process_to_the_next() -> None:
