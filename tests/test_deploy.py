@@ -30,7 +30,7 @@ from bus.hooks import spec_of
 from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
 from workers.redis_server import free_port, stop_process
-from workers.worker import load_hook
+from workers.loading import load_hook
 
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"

@@ -55,7 +55,7 @@ def hookbus_commands() -> list[tuple[str, list[str]]]:
 def test_doc_commands_exist(where: str, argv: list[str]) -> None:
     """Each hookbus command the docs show parses, and the hook classes it names import."""
     from workers.cli import build_parser
-    from workers.worker import load_hook
+    from workers.loading import load_hook
 
     args = build_parser().parse_args(argv)
     if getattr(args, "hook", None) and ":" in args.hook:

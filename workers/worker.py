@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import socket
@@ -35,7 +34,7 @@ from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.dispatch import eager
 from bus.errors import ConfigError, ProtocolError
 from bus.events import tool_of
-from bus.hooks import SYNC_METHODS, AgentHook, AsyncAgentHook, spec_of
+from bus.hooks import SYNC_METHODS, AgentHook, spec_of
 from bus.keys import WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
@@ -62,27 +61,10 @@ from bus.redis_io import (
     retire_replica,
 )
 from bus.settings import BusSettings
+from workers.loading import load_hook as load_hook  # where callers have found it
 
 log = logging.getLogger("hookbus.worker")
 REPLY_TTL_MS = 60_000
-
-
-def load_hook(target: str) -> Any:
-    """Import ``package.module:Name`` and return an instance of the hook it names."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"hook {target!r} must look like package.module:HookClass")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} for hook {target!r}: {exc}") from exc
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise ConfigError(f"module {module_name!r} has no {attr!r}")
-    hook = obj() if isinstance(obj, type) else obj
-    if not isinstance(hook, AgentHook | AsyncAgentHook):
-        raise ConfigError(f"{target} is not an AgentHook or AsyncAgentHook")
-    return hook
 
 
 class _Head(msgspec.Struct):

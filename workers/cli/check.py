@@ -128,9 +128,9 @@ def run_check(args: argparse.Namespace, probe: Probe) -> int:
 
 def worker_check(args: argparse.Namespace) -> int:
     from bus.hooks import spec_of
-    from workers.worker import load_hook
+    from workers.loading import load_hook
 
-    name = spec_of(load_hook(args.hook)).name
+    name = spec_of(load_hook(args.hook, app_dir=args.app_dir)).name
     host = socket.gethostname() if args.here else None
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:

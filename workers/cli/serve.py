@@ -23,9 +23,10 @@ def _worker(args: argparse.Namespace) -> int:
     from bus.hooks import AsyncAgentHook
     from workers.async_worker import AsyncHookWorker
     from workers.replay import parse_position
-    from workers.worker import HookWorker, load_hook
+    from workers.loading import load_hook
+    from workers.worker import HookWorker
 
-    hook = load_hook(args.hook)
+    hook = load_hook(args.hook, app_dir=args.app_dir)
     if isinstance(hook, AsyncAgentHook):
         service: HookWorker | AsyncHookWorker = AsyncHookWorker(
             hook,
@@ -76,6 +77,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     worker = add_redis_options(sub.add_parser("worker", help="serve one hook over Redis"))
     worker.add_argument("hook", metavar="MODULE:CLASS", help="e.g. workers.demo_hooks:SecretGuard")
+    worker.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="import MODULE from this directory first (default: the current directory)",
+    )
     worker.add_argument(
         "--scope",
         choices=["global", "session"],

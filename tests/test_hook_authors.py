@@ -1,0 +1,153 @@
+"""What a hook author's first week ran into (issue 17, items 1-5): an author's own package, in
+a directory of its own outside this repository, run with the installed ``hookbus`` console
+script against a real redis-server, as the guide (docs/writing-hooks.md) says to."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bus.settings import BusSettings
+from tests.harness import until, worker_env
+
+TIMEOUT = 60
+#: The console script pip installed beside this Python (not ``python -m``, which would put the
+#: current directory on sys.path by itself).
+HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
+
+GUARD = '''
+from bus import AgentHook, Block, HookEvent
+
+
+class Guard(AgentHook):
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    async def pre_tool_use(self, ctx):
+        return Block(reason="guarded")
+'''
+
+
+def author_package(root: Path, name: str = "acme_hooks", **modules: str) -> Path:
+    """``root/name/`` with an ``__init__.py`` and one file per module (``guard`` by default)."""
+    package = root / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for module, source in (modules or {"guard": GUARD}).items():
+        (package / f"{module}.py").write_text(textwrap.dedent(source))
+    return root
+
+
+def env(settings: BusSettings, **extra: str) -> dict[str, str]:
+    out = worker_env(settings, **extra)
+    out.pop("PYTHONPATH", None)  # only what the console script itself puts on the path
+    return out
+
+
+def run(settings: BusSettings, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HOOKBUS, *args], cwd=cwd, env=env(settings), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve(
+    procs: list[subprocess.Popen[str]], settings: BusSettings, cwd: Path, *args: str
+) -> subprocess.Popen[str]:
+    log = (cwd / f"worker-{len(procs)}.log").open("w")
+    proc = subprocess.Popen(
+        [HOOKBUS, "worker", *args], cwd=cwd, env=env(settings), stdin=subprocess.DEVNULL,
+        stdout=log, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    log.close()
+    procs.append(proc)
+    return proc
+
+
+def wait_registered(settings: BusSettings, cwd: Path, proc: subprocess.Popen[str], *check: str):
+    """Until ``hookbus worker … --check`` passes (the worker registered and beats)."""
+
+    def live() -> bool:
+        assert proc.poll() is None, (cwd / "worker-0.log").read_text()
+        return run(settings, cwd, "worker", *check, "--check").returncode == 0
+
+    until(live, f"{check} to be live", TIMEOUT, lambda: (cwd / "worker-0.log").read_text())
+
+
+# -- item 1: the author's package imports from the current directory, or --app-dir -------------
+
+
+@pytest.mark.redis
+def test_worker_imports_the_authors_package_from_the_current_directory(
+    bus_settings: BusSettings, tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    # Before the fix: "No module named 'acme_hooks'", exit status 2, from the package's own dir.
+    home = author_package(tmp_path / "project")
+    proc = serve(started, bus_settings, home, "acme_hooks.guard:Guard")
+    wait_registered(bus_settings, home, proc, "acme_hooks.guard:Guard")
+
+
+@pytest.mark.redis
+def test_worker_imports_from_app_dir(
+    bus_settings: BusSettings, tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    home = author_package(tmp_path / "project")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = ("acme_hooks.guard:Guard", "--app-dir", str(home))
+    proc = serve(started, bus_settings, elsewhere, *target)
+    wait_registered(bus_settings, elsewhere, proc, *target)
+
+
+def test_an_import_failure_says_where_python_looked_and_what_was_meant(
+    bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    home = author_package(tmp_path / "project")
+    (home / "acme_hooks" / "needs.py").write_text("import not_installed_anywhere\n")
+
+    def error(target: str) -> str:
+        result = run(bus_settings, home, "worker", target)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr
+
+    wrong_package = error("acme_hook.guard:Guard")
+    assert "No module named 'acme_hook'" in wrong_package
+    assert "did you mean 'acme_hooks'?" in wrong_package
+    assert f"looked in (sys.path): {home}," in wrong_package
+    assert "--app-dir" in wrong_package
+
+    wrong_module = error("acme_hooks.gaurd:Guard")
+    assert "did you mean 'acme_hooks.guard'?" in wrong_module
+    assert f"package acme_hooks ({home / 'acme_hooks'}) has no module 'gaurd'" in wrong_module
+
+    wrong_class = error("acme_hooks.guard:Gaurd")
+    assert "has no 'Gaurd'" in wrong_class and "did you mean 'Guard'?" in wrong_class
+
+    missing_dependency = error("acme_hooks.needs:Guard")
+    assert "imports 'not_installed_anywhere', which is not installed" in missing_dependency
+
+    not_a_hook = error("acme_hooks.guard:Block")
+    assert "not a subclass of AgentHook or AsyncAgentHook" in not_a_hook
+
+    no_dir = run(bus_settings, home, "worker", "acme_hooks.guard:Guard", "--app-dir", "nowhere")
+    assert no_dir.returncode == 2 and "--app-dir nowhere: no such directory" in no_dir.stderr
