@@ -29,8 +29,8 @@ import yaml
 from bus.hooks import spec_of
 from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
-from workers.redis_server import free_port, stop_process
 from workers.loading import load_hook
+from workers.redis_server import free_port, stop_process
 
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"

@@ -21,7 +21,7 @@ TIMEOUT = 60
 #: current directory on sys.path by itself).
 HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
 
-GUARD = '''
+GUARD = """
 from bus import AgentHook, Block, HookEvent
 
 
@@ -30,7 +30,7 @@ class Guard(AgentHook):
 
     async def pre_tool_use(self, ctx):
         return Block(reason="guarded")
-'''
+"""
 
 
 def author_package(root: Path, name: str = "acme_hooks", **modules: str) -> Path:

@@ -40,8 +40,8 @@ from bus.keys import COORDINATORS_GROUP, Keys
 from bus.protocol import now_ms
 from bus.redis_io import connect
 from bus.settings import BusSettings
-from workers.redis_server import RedisServer
 from workers.loading import load_hook
+from workers.redis_server import RedisServer
 
 #: The Redis user each kind of process runs as (deploy/redis/users.acl); "operator" is the one
 #: this launcher uses to tell when the others are ready.

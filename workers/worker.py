@@ -32,7 +32,7 @@ from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
 from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.dispatch import eager
-from bus.errors import ConfigError, ProtocolError
+from bus.errors import ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, spec_of
 from bus.keys import WORKERS_GROUP, Keys, check_name

@@ -22,8 +22,8 @@ def _worker(args: argparse.Namespace) -> int:
         return worker_check(args)
     from bus.hooks import AsyncAgentHook
     from workers.async_worker import AsyncHookWorker
-    from workers.replay import parse_position
     from workers.loading import load_hook
+    from workers.replay import parse_position
     from workers.worker import HookWorker
 
     hook = load_hook(args.hook, app_dir=args.app_dir)
