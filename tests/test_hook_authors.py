@@ -10,9 +10,14 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis import Redis
 
+from bus import CONTINUE, AgentHook, AsyncAgentHook, Block, HookEvent, HookRegistry
+from bus.errors import ConfigError
+from bus.keys import Keys
 from bus.settings import BusSettings
 from tests.harness import until, worker_env
 
@@ -151,3 +156,120 @@ def test_an_import_failure_says_where_python_looked_and_what_was_meant(
 
     no_dir = run(bus_settings, home, "worker", "acme_hooks.guard:Guard", "--app-dir", "nowhere")
     assert no_dir.returncode == 2 and "--app-dir nowhere: no such directory" in no_dir.stderr
+
+
+# -- item 2: a misspelt hook method, or a subscribed event without one, is refused at load -----
+
+
+class Misspelt(AgentHook):
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    async def pre_tooluse(self, ctx: Any) -> Any:
+        return Block(reason="never runs")
+
+
+class SpecSpelling(AgentHook):
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    async def on_pre_tool_use(self, ctx: Any) -> Any:
+        return Block(reason="never runs")
+
+
+class SyncNameOnAsync(AsyncAgentHook):
+    subscribed_events = (HookEvent.POST_TOOL_USE,)
+
+    async def post_tool_use(self, ctx: Any) -> None:
+        raise AssertionError("never runs")
+
+
+class AsyncNameOnSync(AgentHook):
+    async def on_session_stop_async(self, ctx: Any) -> None:
+        raise AssertionError("never runs")
+
+
+class SubscribedWithoutMethod(AgentHook):
+    subscribed_events = (HookEvent.PRE_TOOL_USE, HookEvent.POST_TOOL_USE)
+
+    async def pre_tool_use(self, ctx: Any) -> Any:
+        return CONTINUE
+
+
+class BatchesWithoutOnBatch(AsyncAgentHook):
+    handles_batches = True
+
+
+class WithHelpers(AgentHook):
+    """Helpers that do not look like hook methods, or are private, are fine."""
+
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    async def pre_tool_use(self, ctx: Any) -> Any:
+        await self.post_to_slack()
+        return CONTINUE
+
+    async def post_to_slack(self) -> None:
+        return None
+
+    async def _on_error(self) -> None:
+        return None
+
+
+REFUSED = [
+    (Misspelt, "pre_tooluse() is not a method an AgentHook is called with: did you mean "
+     "'pre_tool_use'?"),
+    (SpecSpelling, "on_pre_tool_use() is not a method an AgentHook is called with: did you "
+     "mean 'pre_tool_use'?"),
+    (SyncNameOnAsync, "post_tool_use() is not a method an AsyncAgentHook is called with: did "
+     "you mean 'on_post_tool_use_async'?"),
+    (AsyncNameOnSync, "on_session_stop_async() is not a method an AgentHook is called with: "
+     "did you mean 'on_session_stop'?"),
+    (SubscribedWithoutMethod, "it subscribes to PostToolUse but does not implement "
+     "post_tool_use()"),
+    (BatchesWithoutOnBatch, "handles_batches is set but on_batch() is not implemented"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("hook", "said"), REFUSED, ids=[h.__name__ for h, _ in REFUSED])
+def test_the_embedded_registry_refuses_what_would_never_run(hook: type, said: str) -> None:
+    registry = HookRegistry()
+    add = registry.add_async if issubclass(hook, AsyncAgentHook) else registry.add
+    with pytest.raises(ConfigError) as refused:
+        add(hook())
+    assert f"hook {hook.__name__} would silently never run some of its code" in str(refused.value)
+    assert said in str(refused.value)
+    if not issubclass(hook, AsyncAgentHook):
+        with pytest.raises(ConfigError, match="never run"):
+            registry.add_session_hook("s1", hook())
+    assert registry.specs() == []
+
+
+def test_helpers_that_do_not_look_like_hook_methods_are_accepted() -> None:
+    assert HookRegistry().add(WithHelpers()).name == "WithHelpers"
+
+
+def test_hookbus_worker_refuses_what_would_never_run(
+    bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    home = author_package(tmp_path / "project", misspelt=MISSPELT)
+    result = run(bus_settings, home, "worker", "acme_hooks.misspelt:Guard")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "did you mean 'pre_tool_use'?" in result.stderr
+    assert "it subscribes to PreToolUse but does not implement pre_tool_use()" in result.stderr
+    redis = Redis.from_url(bus_settings.redis_url)
+    try:  # refused before it registered
+        assert not redis.exists(Keys(bus_settings.prefix).replicas("Guard"))
+    finally:
+        redis.close()
+
+
+MISSPELT = """
+from bus import AgentHook, Block, HookEvent
+
+
+class Guard(AgentHook):
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    async def pre_tooluse(self, ctx):
+        return Block(reason="guarded")
+"""
