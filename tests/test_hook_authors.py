@@ -18,8 +18,8 @@ from redis import Redis
 from bus import CONTINUE, AgentHook, AsyncAgentHook, Block, HookEvent, HookRegistry
 from bus.errors import ConfigError
 from bus.keys import Keys
-from bus.settings import BusSettings
-from tests.harness import until, worker_env
+from bus.settings import BusSettings, HookSettings
+from tests.harness import until, wait_for, worker_env
 
 TIMEOUT = 60
 #: The console script pip installed beside this Python (not ``python -m``, which would put the
@@ -273,3 +273,76 @@ class Guard(AgentHook):
     async def pre_tooluse(self, ctx):
         return Block(reason="guarded")
 """
+
+
+# -- item 4: constructor arguments through hookbus worker --set / --config ---------------------
+
+CONFIGURABLE = """
+from bus import CONTINUE, AgentHook, Block, HookEvent
+
+
+class PathGuard(AgentHook):
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    def __init__(self, paths: list[str], reason: str = "not there", strict: bool = False):
+        self.paths, self.reason, self.strict = tuple(paths), reason, strict
+
+    async def pre_tool_use(self, ctx):
+        path = str(ctx.tool_args.get("path", ""))
+        if path.startswith(self.paths) or (self.strict and not path):
+            return Block(reason=f"{self.reason} (strict={self.strict})")
+        return CONTINUE
+"""
+
+
+async def ask(settings: BusSettings, name: str, path: str) -> Any:
+    """One PreToolUse for ``path`` through the hook service ``name``, once it is live."""
+    from agent_adapter.client import HookClient
+    from workers.testing import context
+
+    client = await HookClient(settings, HookSettings(hook_timeout_secs=10)).start()
+    try:
+        await wait_for(lambda: client.directory.live(name), TIMEOUT, f"{name} live")
+        return await client.run_pre_tool_use(context("PreToolUse", tool_args={"path": path}))
+    finally:
+        await client.close()
+
+
+@pytest.mark.redis
+async def test_worker_passes_set_and_config_to_the_hook_constructor(
+    bus_settings: BusSettings, tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    home = author_package(tmp_path / "project", guard=CONFIGURABLE)
+    (home / "guard.json").write_text('{"paths": ["ignored/"], "reason": "from the file"}')
+    serve(
+        started, bus_settings, home, "acme_hooks.guard:PathGuard", "--config", "guard.json",
+        "--set", 'paths=["secrets/", "keys/"]', "--set", "strict=true",
+    )  # fmt: skip
+    blocked = await ask(bus_settings, "PathGuard", "keys/id.pem")
+    assert blocked.is_blocked, (home / "worker-0.log").read_text()
+    assert blocked.action.reason == "from the file (strict=True)"  # --set wins, JSON values
+    assert not (await ask(bus_settings, "PathGuard", "ignored/x")).is_blocked
+
+
+def test_worker_says_which_constructor_arguments_a_hook_takes(
+    bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    home = author_package(tmp_path / "project", guard=CONFIGURABLE)
+    (home / "list.json").write_text("[1, 2]")
+
+    def error(*args: str) -> str:
+        result = run(bus_settings, home, "worker", "acme_hooks.guard:PathGuard", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr
+
+    missing = error()
+    assert "missing a required argument: 'paths'" in missing
+    assert "PathGuard takes: paths: list[str], reason: str = 'not there', strict: bool = False" in (
+        missing
+    )
+    assert "unexpected keyword argument 'reasons'" in error(
+        "--set", "paths=[]", "--set", "reasons=x"
+    )
+    assert "--set 'paths' must look like name=value" in error("--set", "paths")
+    assert "must hold a JSON object" in error("--config", "list.json")
+    assert "--config nope.json: No such file or directory" in error("--config", "nope.json")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
+import json
 import os
 import pkgutil
 import sys
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -53,16 +56,70 @@ def import_target(target: str, app_dir: str | None = None) -> Any:
     return obj
 
 
-def load_hook(target: str, *, app_dir: str | None = None) -> Any:
-    """Import ``package.module:Name`` and return an instance of the hook it names (a class is
-    instantiated without arguments; an instance is returned as it is)."""
+def load_hook(
+    target: str, *, app_dir: str | None = None, config: Mapping[str, Any] | None = None
+) -> Any:
+    """Import ``package.module:Name`` and return an instance of the hook it names: a class is
+    called with ``config`` as keyword arguments (none by default); an instance is returned as
+    it is (and takes no ``config``)."""
     obj = import_target(target, app_dir)
     if isinstance(obj, type) and issubclass(obj, AgentHook | AsyncAgentHook):
-        return obj()
+        return construct(target, obj, dict(config or {}))
     if isinstance(obj, AgentHook | AsyncAgentHook):
+        if config:
+            raise ConfigError(f"{target} is a hook instance, not a class: it takes no --set")
         return obj
     kind = f"class {obj.__name__}" if isinstance(obj, type) else f"{type(obj).__name__} object"
     raise ConfigError(f"{target} is a {kind}, not a subclass of AgentHook or AsyncAgentHook")
+
+
+def construct(target: str, cls: type, config: dict[str, Any]) -> Any:
+    """``cls(**config)``, or a ConfigError naming the parameters it takes."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to check against: let the call say
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**config)
+        except TypeError as exc:
+            takes = ", ".join(str(p) for p in signature.parameters.values()) or "no arguments"
+            raise ConfigError(
+                f"hook {target}: {exc} (--set/--config); {cls.__name__} takes: {takes}"
+            ) from None
+    try:
+        return cls(**config)
+    except (TypeError, ValueError) as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in config.items())
+        raise ConfigError(f"hook {target}: {cls.__name__}({given}) refused: {exc}") from exc
+
+
+def parse_config(pairs: Sequence[str] = (), path: str | None = None) -> dict[str, Any]:
+    """A hook's constructor arguments: the JSON object in ``path`` (``--config``), then each
+    ``key=value`` of ``pairs`` (``--set``, later ones win). A value is read as JSON when it is
+    JSON (``3``, ``true``, ``["a", "b"]``, ``{"k": 1}``, ``"quoted"``), else as a string."""
+    config: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                loaded = json.load(f)
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--config {path}: not JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config {path}: must hold a JSON object (name → value)")
+        config.update(loaded)
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"--set {pair!r} must look like name=value (name: an identifier)")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        config[key.strip()] = value
+    return config
 
 
 def import_hint(target: str, module_name: str, exc: ImportError, app_dir: str | None) -> str:

@@ -16,7 +16,14 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.settings import BusSettings
-from workers.cli.common import add_redis_options, plural, redacted, settings_of, text
+from workers.cli.common import (
+    add_redis_options,
+    hook_config,
+    plural,
+    redacted,
+    settings_of,
+    text,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -130,7 +137,7 @@ def worker_check(args: argparse.Namespace) -> int:
     from bus.hooks import spec_of
     from workers.loading import load_hook
 
-    name = spec_of(load_hook(args.hook, app_dir=args.app_dir)).name
+    name = spec_of(load_hook(args.hook, app_dir=args.app_dir, config=hook_config(args))).name
     host = socket.gethostname() if args.here else None
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:

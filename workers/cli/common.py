@@ -113,3 +113,10 @@ def redis_url(args: argparse.Namespace) -> str:
         return redacted(settings_of(args).redis_url)
     except HookBusError:
         return "?"
+
+
+def hook_config(args: argparse.Namespace) -> dict[str, object]:
+    """The hook's constructor arguments from ``--config FILE`` and ``--set NAME=VALUE``."""
+    from workers.loading import parse_config
+
+    return parse_config(getattr(args, "set_values", None) or (), getattr(args, "config", None))

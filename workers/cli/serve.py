@@ -8,7 +8,7 @@ import sys
 
 from bus.settings import HookSettings
 from workers.cli.check import add_check_options, coordinator_check, worker_check
-from workers.cli.common import UsageError, add_redis_options, serve, settings_of
+from workers.cli.common import UsageError, add_redis_options, hook_config, serve, settings_of
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def _worker(args: argparse.Namespace) -> int:
     from workers.replay import parse_position
     from workers.worker import HookWorker
 
-    hook = load_hook(args.hook, app_dir=args.app_dir)
+    hook = load_hook(args.hook, app_dir=args.app_dir, config=hook_config(args))
     if isinstance(hook, AsyncAgentHook):
         service: HookWorker | AsyncHookWorker = AsyncHookWorker(
             hook,
@@ -82,6 +82,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=".",
         metavar="DIR",
         help="import MODULE from this directory first (default: the current directory)",
+    )
+    worker.add_argument(
+        "--set",
+        dest="set_values",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword argument for the hook class's constructor (repeatable); VALUE is read as "
+        'JSON when it is JSON (3, true, ["a"], {"k": 1}), else as a string',
+    )
+    worker.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a JSON object of keyword arguments for the hook class's constructor (--set wins)",
     )
     worker.add_argument(
         "--scope",
