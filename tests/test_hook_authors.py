@@ -346,3 +346,77 @@ def test_worker_says_which_constructor_arguments_a_hook_takes(
     assert "--set 'paths' must look like name=value" in error("--set", "paths")
     assert "must hold a JSON object" in error("--config", "list.json")
     assert "--config nope.json: No such file or directory" in error("--config", "nope.json")
+
+
+# -- item 5: served() waits for each hook it starts --------------------------------------------
+
+SLOW_START = """
+import time
+
+from bus import AgentHook, Block, HookEvent
+
+time.sleep(3)  # a slow import: the other hook is live long before this one
+
+
+class SlowStart(AgentHook):
+    name = "SlowToStart"
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+    async def pre_tool_use(self, ctx):
+        if ctx.tool_name == "file_write":
+            return Block(reason="slow but there")
+"""
+
+RECORDS = """
+from bus import AsyncAgentHook, HookEvent
+
+
+class Records(AsyncAgentHook):
+    name = "EventRecords"
+    subscribed_events = (HookEvent.POST_TOOL_USE,)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    async def on_post_tool_use_async(self, ctx):
+        with open(self.path, "a") as f:
+            f.write(ctx.tool_name + "\\n")
+"""
+
+
+@pytest.mark.redis
+async def test_served_waits_for_each_of_its_hooks(
+    bus_settings: BusSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.testing import context, served
+
+    home = author_package(tmp_path / "project", guard=GUARD, slow=SLOW_START, records=RECORDS)
+    monkeypatch.chdir(home)  # where the workers import from, as an author's test runs
+    seen = tmp_path / "seen.txt"
+    targets = (
+        "acme_hooks.guard:Guard",
+        "acme_hooks.slow:SlowStart",
+        ["acme_hooks.records:Records", "--set", f"path={seen}"],
+    )
+    async with served(*targets, redis_url=bus_settings.redis_url) as hooks:
+        # No waiting here: every hook is live, the slow one and the async one too.
+        write = context("PreToolUse", tool_name="file_write", tool_args={"path": "x"})
+        result = await hooks.run_pre_tool_use(write)
+        assert result.is_blocked
+        assert {e.hook_name for e in result.blocking_errors} == {"Guard", "SlowToStart"}
+        await hooks.run_post_tool_use(context("PostToolUse", tool_name="search"))
+        await wait_for(lambda: seen.exists() and seen.read_text() == "search\n", 30, "records")
+
+
+async def test_served_fails_with_the_workers_log_when_one_does_not_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.testing import served
+
+    home = author_package(tmp_path / "project", guard=GUARD, misspelt=MISSPELT)
+    monkeypatch.chdir(home)
+    with pytest.raises(RuntimeError) as failed:
+        async with served("acme_hooks.guard:Guard", "acme_hooks.misspelt:Guard"):
+            raise AssertionError("not reached")
+    assert "`hookbus worker acme_hooks.misspelt:Guard` did not start" in str(failed.value)
+    assert "did you mean 'pre_tool_use'?" in str(failed.value)
