@@ -87,6 +87,14 @@ def _count(env: Mapping[str, str], key: str, default: int) -> int:
     return int(raw)
 
 
+def _port(env: Mapping[str, str], key: str) -> int:
+    """A TCP port, or 0 (off) when unset."""
+    value = _count(env, key, 0)
+    if value > 65535:
+        raise ConfigError(f"{key}={value} is not a TCP port (1-65535, or 0 for none)")
+    return value
+
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 #: Every ``HOOKBUS_*`` variable a HookBus process reads: the settings here, the audit log
@@ -106,6 +114,7 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_TRUNCATE_CHARS",
         "HOOKBUS_MAX_OUTPUT_CHARS",
         "HOOKBUS_AUDIT_DB",
+        "HOOKBUS_HEALTH_PORT",
         "HOOKBUS_SECRETS_DIR",
         "HOOKBUS_ACL_TEMPLATE",
         "HOOKBUS_ACL_FILE",
@@ -163,6 +172,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             of its Redis master have it (``WAIT``), so a failover cannot lose it silently.
         durable_wait_ms: how long a durable publish waits for them
             (``HOOKBUS_DURABLE_WAIT_MS``, 1000).
+        health_port: where services (workers, coordinators) answer ``/livez`` and ``/readyz``
+            over HTTP (``HOOKBUS_HEALTH_PORT``, 0 = no health endpoint; workers/probes.py).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -177,6 +188,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     refresh_secs: float = 1.0
     durable_replicas: int = 0
     durable_wait_ms: int = 1000
+    health_port: int = 0
 
     @classmethod
     def from_env(
@@ -199,4 +211,5 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             refresh_secs=_positive(env, "HOOKBUS_REFRESH_SECS", 1.0),
             durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
             durable_wait_ms=_int(env, "HOOKBUS_DURABLE_WAIT_MS", 1000),
+            health_port=_port(env, "HOOKBUS_HEALTH_PORT"),
         )

@@ -97,9 +97,10 @@ def test_the_readme_compose_snippet_for_a_custom_hook_fits_the_compose_file(
     path.write_text(text)
     result = check_jsonschema(SCHEMAS / "compose-spec.json", path)
     assert result.returncode == 0, result.stdout + result.stderr
-    service = yaml.safe_load(text)["services"]["my-hook"]
+    doc = yaml.safe_load(text)
+    service = doc["services"]["my-hook"]
     assert build_parser().parse_args(service["command"]).hook == "mypackage.hooks:MyHook"
-    assert build_parser().parse_args(service["healthcheck"]["test"][2:]).check
+    assert service["healthcheck"] == doc["x-health"]
 
 
 def validate_manifest(doc: dict[str, Any]) -> None:
@@ -185,21 +186,15 @@ def commands() -> list[tuple[str, list[str]]]:
         if service.get("image") != "hookbus:latest":
             continue
         found.append((f"compose {name} command", list(service["command"])))
-        test = service.get("healthcheck", {}).get("test")
-        if test:
-            assert test[:2] == ["CMD", "hookbus"], (name, test)
-            found.append((f"compose {name} healthcheck", test[2:]))
-    for file, i, doc in manifests():
-        if doc["kind"] != "Deployment":
-            continue
+    for file, i, doc in deployments():
         for c in doc["spec"]["template"]["spec"]["containers"]:
             assert "command" not in c, "the image's entrypoint is hookbus: use args"
             found.append((f"{file}#{i} {c['name']} args", list(c["args"])))
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                command = c[probe]["exec"]["command"]
-                assert command[0] == "hookbus", (file, probe, command)
-                found.append((f"{file}#{i} {c['name']} {probe}", command[1:]))
     return found
+
+
+def deployments() -> list[tuple[str, int, dict[str, Any]]]:
+    return [(f, i, d) for f, i, d in manifests() if d["kind"] == "Deployment"]
 
 
 @pytest.mark.parametrize("argv", [a for _, a in commands()], ids=[w for w, _ in commands()])
@@ -210,24 +205,51 @@ def test_every_command_exists_in_the_cli(argv: list[str]) -> None:
         spec_of(load_hook(argv[1]))  # it imports, and is a hook
 
 
-def test_health_checks_check_what_their_service_runs() -> None:
-    """Each health check or probe is a --check of its own service's command (and hook)."""
-    runs: dict[str, list[str]] = {}
-    checks: list[tuple[str, str, list[str]]] = []
-    for where, argv in commands():
-        owner, _, what = where.rpartition(" ")
-        if what in ("command", "args"):
-            runs[owner] = argv
-        else:
-            checks.append((owner, where, argv))
-    for owner, where, argv in checks:
-        served = runs[owner]
-        assert "--check" in argv and argv[0] == served[0], where
-        if served[0] == "worker":
-            assert argv[1] == served[1] and "--here" in argv, where
-    long_running = {o for o, argv in runs.items() if argv[0] in ("worker", "coordinator")}
-    assert long_running == {o for o, _, _ in checks}
-    assert len(long_running) == 10  # 5 compose services, 5 Deployments
+def long_running(argv: list[str]) -> bool:
+    return argv[0] in ("worker", "coordinator")
+
+
+def test_compose_services_are_checked_on_their_health_endpoint() -> None:
+    """Every worker and coordinator is checked on /readyz of its own HOOKBUS_HEALTH_PORT, over
+    HTTP, by a check that names no hook class (tests/test_probes.py runs the check)."""
+    doc = compose()
+    checked = []
+    for name, service in doc["services"].items():
+        if service.get("image") != "hookbus:latest" or not long_running(service["command"]):
+            continue
+        test = service["healthcheck"]["test"]
+        assert test == doc["x-health"]["test"], name
+        port = service["environment"]["HOOKBUS_HEALTH_PORT"]
+        assert test[:3] == ["CMD", "python", "-c"] and f"127.0.0.1:{port}/readyz" in test[3]
+        checked.append(name)
+    assert len(checked) == 5
+
+
+def test_deployments_probe_the_health_endpoint_and_name_the_hook_once() -> None:
+    """Liveness asks /livez (never Redis), readiness /readyz, on the container port named
+    "health" that the ConfigMap's HOOKBUS_HEALTH_PORT opens; no probe starts a process; a
+    worker's MODULE:CLASS is written once, in its args."""
+    (config,) = [d for _, _, d in manifests() if d["kind"] == "ConfigMap"]
+    port = int(config["data"]["HOOKBUS_HEALTH_PORT"])
+    found = 0
+    for file, _, doc in deployments():
+        (c,) = doc["spec"]["template"]["spec"]["containers"]
+        assert long_running(c["args"]), file
+        found += 1
+        assert {"name": "health", "containerPort": port} in c["ports"], file
+        paths = {}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "exec" not in c[probe], (file, probe)
+            assert c[probe]["httpGet"]["port"] == "health", (file, probe)
+            paths[probe] = c[probe]["httpGet"]["path"]
+        assert paths == {
+            "startupProbe": "/livez",
+            "readinessProbe": "/readyz",
+            "livenessProbe": "/livez",
+        }, file
+        if c["args"][0] == "worker":
+            assert yaml.safe_dump(doc).count(c["args"][1]) == 1, file
+    assert found == 5
 
 
 # -- ACL users ----------------------------------------------------------------------------------

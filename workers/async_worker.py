@@ -71,6 +71,7 @@ from bus.redis_io import (
 )
 from bus.retention import Gap, Retention, group_backlogs
 from bus.settings import BusSettings, HookSettings
+from workers.probes import Health
 
 log = logging.getLogger("hookbus.async")
 FAILURE_TTL_SECS = 86_400
@@ -132,6 +133,7 @@ class AsyncHookWorker:
         self._gaps: list[Gap] = []  # settled by a read, not yet recorded (Redis failed)
         self._last_id: dict[str, str] = {}  # the newest id seen per stream, to wait past it
         self.registered = asyncio.Event()
+        self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
         self._busy = asyncio.Lock()  # held while a batch runs (stopping waits for it)
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
@@ -162,6 +164,7 @@ class AsyncHookWorker:
         await self.redis.hset(self.keys.hooks, self.group, encode(manifest))
         await self.clock.measure(self.redis, START_SAMPLES)
         await self._heartbeat(measure=False)
+        self.health.beat()
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
@@ -187,6 +190,7 @@ class AsyncHookWorker:
         try:
             await self._read_loop(stop)
         finally:
+            self.health.stopping()
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             async with self._busy:  # a claimed batch in hand finishes too
@@ -457,6 +461,7 @@ class AsyncHookWorker:
                         stop.set()
                         return
                     last_beat = time.monotonic()
+                    self.health.beat()
                 for stream in self.streams:
                     await self._keep(stream)
                     if not self._claimed:  # one claimed batch waiting is enough

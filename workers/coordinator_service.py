@@ -51,6 +51,7 @@ from bus.redis_io import (
 )
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
+from workers.probes import Health
 from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
@@ -166,12 +167,14 @@ class CoordinatorService:
         self._skew_logged_at = -1e9
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self.ready = asyncio.Event()
+        self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.coordinator.start()
         try:
             await self._ensure_group()
             await self._beat()
+            self.health.beat()
             self.ready.set()
             log.info("coordinator %s answering %s", self.coordinator.id, self.keys.decisions)
             keeper = asyncio.create_task(self._keep_and_claim(stop))
@@ -180,6 +183,7 @@ class CoordinatorService:
             finally:
                 keeper.cancel()
         finally:
+            self.health.stopping()
             if self._in_flight:
                 await asyncio.wait(list(self._in_flight.values()), timeout=30)
             with contextlib.suppress(*UNREACHABLE):
@@ -240,6 +244,7 @@ class CoordinatorService:
             try:
                 if asyncio.get_running_loop().time() - last_beat >= self.settings.heartbeat_secs:
                     await self._beat()
+                    self.health.beat()
                     last_beat = asyncio.get_running_loop().time()
                 for entry_id, fields in await keep_and_claim(
                     self.redis,

@@ -62,6 +62,7 @@ from bus.redis_io import (
 )
 from bus.settings import BusSettings
 from workers.loading import load_hook as load_hook  # where callers have found it
+from workers.probes import Health
 
 log = logging.getLogger("hookbus.worker")
 REPLY_TTL_MS = 60_000
@@ -109,6 +110,7 @@ class HookWorker:
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
+        self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
 
     # -- registration ------------------------------------------------------------------------
 
@@ -127,6 +129,7 @@ class HookWorker:
         async with self.redis.pipeline(transaction=False) as pipe:
             self._beat(pipe)
             await pipe.execute()
+        self.health.beat()
         await self._announce("manifest")
         self.registered.set()
         log.info("hook %s replica %s serving %s", self.spec.name, self.replica, self.stream)
@@ -156,6 +159,7 @@ class HookWorker:
         try:
             await self._read_loop(stop)
         finally:
+            self.health.stopping()
             if tasks := [t for t in self._in_flight.values() if t is not None]:
                 await asyncio.wait(tasks, timeout=30)
             keeper.cancel()
@@ -371,6 +375,7 @@ class HookWorker:
                         stop.set()
                         return
                     last_beat = time.monotonic()
+                    self.health.beat()
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
                     self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms

@@ -38,7 +38,7 @@ def _worker(args: argparse.Namespace) -> int:
         )
     else:
         service = HookWorker(hook, settings_of(args), scope=args.scope)
-    return serve(service.run, "worker")
+    return serve(service.run, "worker", service.health, service.settings.health_port)
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -46,7 +46,8 @@ def _coordinator(args: argparse.Namespace) -> int:
         return coordinator_check(args)
     from workers.coordinator_service import CoordinatorService
 
-    return serve(CoordinatorService(settings_of(args)).run, "coordinator")
+    service = CoordinatorService(settings_of(args))
+    return serve(service.run, "coordinator", service.health, service.settings.health_port)
 
 
 def _up(args: argparse.Namespace) -> int:
