@@ -8,6 +8,11 @@ ignores environment variables it has no field for — which ``unknown_variables`
 "did you mean"; it would bring a second validation library next to msgspec into the core for
 about a dozen numbers; and the secrets files of a deployment are read where they are mounted
 (deploy/redis/start.sh), not here.
+
+Secrets from files, the Docker convention: every variable ``X`` read here may instead be given
+as ``X_FILE``, the path of a file holding its value (``HOOKBUS_REDIS_PASSWORD_FILE=/run/secrets/
+hookbus_worker_password``; one trailing newline is dropped). ``HOOKBUS_REDIS_PASSWORD`` is put
+into the Redis URL, so that no password needs to be written in one.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 
 import msgspec
@@ -55,7 +61,7 @@ class HookSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
-        env = os.environ if env is None else env
+        env = from_files(os.environ if env is None else env)
         return cls(
             hook_timeout_secs=_positive(env, "HOOK_TIMEOUT_SECS", 30.0),
             async_timeout_secs=_positive(env, "HOOKBUS_ASYNC_TIMEOUT_SECS", 5.0),
@@ -102,6 +108,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 KNOWN_VARIABLES = frozenset(
     {
         "HOOKBUS_REDIS_URL",
+        "HOOKBUS_REDIS_PASSWORD",
         "HOOKBUS_PREFIX",
         "HOOKBUS_HEARTBEAT_SECS",
         "HOOKBUS_LIVENESS_SECS",
@@ -133,11 +140,57 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     for name in sorted(env):
         if not name.startswith("HOOKBUS_") or name in KNOWN_VARIABLES:
             continue
+        if name.endswith("_FILE") and name.removesuffix("_FILE") in KNOWN_VARIABLES:
+            continue
         if name.startswith(RESERVED_PREFIXES):
             continue
         close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
         found.append(f"{name} (did you mean {close[0]}?)" if close else name)
     return found
+
+
+def from_files(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with each ``X_FILE`` of a known variable ``X`` replaced by ``X``, the content of
+    that file (one trailing newline dropped). Giving both, or a file that cannot be read, is a
+    ConfigError."""
+    out = dict(env)
+    for name in KNOWN_VARIABLES:
+        path = env.get(f"{name}_FILE")
+        if not path:
+            continue
+        if env.get(name):
+            raise ConfigError(f"both {name} and {name}_FILE are set: give one")
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.read()
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE={path}: {exc.strerror or exc}") from None
+        out[name] = value[:-1] if value.endswith("\n") else value
+        del out[f"{name}_FILE"]
+    return out
+
+
+def env_value(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The value of one known variable, from ``name`` or ``name_FILE`` (for settings read
+    outside this module, such as the audit log hook's database)."""
+    return from_files(os.environ if env is None else env).get(name) or None
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` as its password (URL-quoted: any characters will do). A URL
+    that already carries a password is a ConfigError: say it once."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    if parts.password is not None or "password" in query:
+        raise ConfigError(
+            "HOOKBUS_REDIS_PASSWORD is set and the Redis URL holds a password too: give one"
+        )
+    if parts.scheme == "unix":  # no host part: redis-py reads it from the query
+        return f"{url}{'&' if parts.query else '?'}{urllib.parse.urlencode({'password': password})}"
+    user = urllib.parse.quote(urllib.parse.unquote(parts.username or ""), safe="")
+    secret = urllib.parse.quote(password, safe="")
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{secret}@{host}"))
 
 
 #: Accepted Redis URL schemes; the ``+cluster`` ones select redis-py's cluster client.
@@ -194,10 +247,12 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(
         cls, env: Mapping[str, str] | None = None, *, redis_url: str | None = None
     ) -> BusSettings:
-        env = os.environ if env is None else env
+        env = from_files(os.environ if env is None else env)
         url = redis_url or env.get("HOOKBUS_REDIS_URL") or DEFAULT_REDIS_URL
         if not url.startswith(URL_SCHEMES):
             raise ConfigError(f"Redis URL {url!r} must start with {', '.join(URL_SCHEMES)}")
+        if password := env.get("HOOKBUS_REDIS_PASSWORD"):
+            url = with_password(url, password)
         return cls(
             redis_url=url,
             prefix=env.get("HOOKBUS_PREFIX") or "hookbus",

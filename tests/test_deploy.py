@@ -103,6 +103,67 @@ def test_the_readme_compose_snippet_for_a_custom_hook_fits_the_compose_file(
     assert service["healthcheck"] == doc["x-health"]
 
 
+ROLE_PASSWORDS = [f"HOOKBUS_{r}_PASSWORD" for r in ("COORDINATOR", "WORKER", "AGENT", "OPERATOR")]
+
+
+def test_compose_has_no_development_passwords_and_none_in_urls() -> None:
+    """Every password must be given (Compose's ${VAR:?message} refuses to start without it),
+    none has a default, and they reach the services as secret files, never in a URL."""
+    import urllib.parse
+
+    text = COMPOSE.read_text()
+    for var in ROLE_PASSWORDS:
+        uses = re.findall(r"\$\{" + var + r"([^}]*)\}", text)
+        assert uses and all(u.startswith(":?") for u in uses), (var, uses)
+    assert "dev-password" not in text and ":-" not in "".join(re.findall(r"\$\{[^}]*\}", text))
+    doc = compose()
+    assert {s["environment"] for s in doc["secrets"].values()} == set(ROLE_PASSWORDS)
+    for name, service in doc["services"].items():
+        if service.get("image") != "hookbus:latest":
+            continue
+        env = service["environment"]
+        url = urllib.parse.urlsplit(env["HOOKBUS_REDIS_URL"])
+        assert url.password is None and url.username, (name, env["HOOKBUS_REDIS_URL"])
+        secret = f"hookbus_{url.username}_password"
+        assert service["secrets"] == [secret], name
+        assert env["HOOKBUS_REDIS_PASSWORD_FILE"] == f"/run/secrets/{secret}", name
+    assert sorted(doc["services"]["redis"]["secrets"]) == sorted(doc["secrets"])
+
+
+def test_compose_limits_every_service_and_keeps_the_audit_log_on_a_volume() -> None:
+    doc = compose()
+    for name, service in doc["services"].items():
+        limits = service["deploy"]["resources"]["limits"]
+        assert limits["memory"] and limits["cpus"], name
+    audit = doc["services"]["audit-log"]
+    db = Path(audit["environment"]["HOOKBUS_AUDIT_DB"])
+    volumes = dict(v.split(":", 1) for v in audit["volumes"])
+    assert any(db.is_relative_to(path) for path in volumes.values()), (db, volumes)
+    assert set(volumes) <= set(doc["volumes"])  # named volumes: they outlive the container
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"mkdir -p {db.parent} && chown 10001 {db.parent}" in dockerfile
+
+
+def test_the_docker_build_context_is_small() -> None:
+    """.dockerignore leaves out .venv, .git, node_modules and the like, and keeps what the
+    Dockerfile copies (the context as the docker client computes it)."""
+    from docker.utils.build import exclude_paths
+
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    files = exclude_paths(str(ROOT), patterns)
+    assert not [f for f in files if f.startswith((".venv", ".git/", "node_modules")) or
+                "/node_modules/" in f or "__pycache__" in f]  # fmt: skip
+    size = sum((ROOT / f).stat().st_size for f in files if (ROOT / f).is_file())
+    assert size < 5_000_000, size
+    copied = re.findall(r"^COPY (.+) \S+$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M)
+    for source in " ".join(copied).split():
+        assert source in files, source
+
+
 def validate_manifest(doc: dict[str, Any]) -> None:
     """Raise if ``doc`` breaks its schema: KEDA's from deploy/schemas/, else Kubernetes'."""
     import jsonschema
@@ -457,14 +518,48 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
 
 
 @pytest.mark.redis
-def test_the_compose_redis_health_check_passes_as_the_operator(acl_redis: AclRedis) -> None:
+def test_the_compose_redis_health_check_passes_as_the_operator(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
     kind, command = compose()["services"]["redis"]["healthcheck"]["test"]
     assert kind == "CMD-SHELL"
     command = command.replace("$$", "$").replace("redis-cli", f"redis-cli -p {acl_redis.port}")
-    env = {**os.environ, "HOOKBUS_OPERATOR_PASSWORD": PASSWORDS["operator"]}
-    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 0
-    env["HOOKBUS_OPERATOR_PASSWORD"] = "wrong"
-    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 1
+    command = command.replace("/run/secrets/", f"{tmp_path}/")
+    secret = tmp_path / "hookbus_operator_password"
+    secret.write_text(PASSWORDS["operator"])
+    assert subprocess.run(["sh", "-c", command], timeout=30).returncode == 0
+    secret.write_text("wrong")
+    assert subprocess.run(["sh", "-c", command], timeout=30).returncode == 1
+
+
+@pytest.mark.redis
+def test_hookbus_reads_its_redis_password_from_a_file(acl_redis: AclRedis, tmp_path: Path) -> None:
+    """What the Compose services do: a URL without a password, and the password in a secret
+    file (HOOKBUS_REDIS_PASSWORD_FILE)."""
+    secret = tmp_path / "hookbus_worker_password"
+    secret.write_text(PASSWORDS["worker"] + "\n")  # a file written with echo ends in a newline
+    url = f"redis://worker@127.0.0.1:{acl_redis.port}/0"
+
+    def check(**env: str) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
+        return subprocess.run(
+            [sys.executable, "-m", "workers.cli", "check"],
+            env={**full, "HOOKBUS_REDIS_URL": url, **env}, cwd=ROOT,
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    ok = check(HOOKBUS_REDIS_PASSWORD_FILE=str(secret))
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: Redis at redis://worker:***@"), ok
+    assert "worker-" not in ok.stdout + ok.stderr  # the password is never printed
+    assert "unknown environment variable" not in ok.stderr  # X_FILE of a known X is known
+    secret.write_text("wrong")
+    refused = check(HOOKBUS_REDIS_PASSWORD_FILE=str(secret))
+    assert refused.returncode != 0 and "authentication failed" in refused.stderr.lower(), refused
+    missing = check(HOOKBUS_REDIS_PASSWORD_FILE=str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    assert f"HOOKBUS_REDIS_PASSWORD_FILE={tmp_path / 'nope'}: No such file" in missing.stderr
+    both = check(HOOKBUS_REDIS_PASSWORD_FILE=str(secret), HOOKBUS_REDIS_PASSWORD="x")
+    assert both.returncode == 2 and "both HOOKBUS_REDIS_PASSWORD and" in both.stderr
 
 
 @pytest.mark.redis

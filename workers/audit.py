@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from bus import AsyncAgentHook
 from bus.hooks import DeliveredEvent
 from bus.protocol import AuditRecord
+from bus.settings import env_value
 
 PREVIEW_CHARS = 200
 COLUMNS = ("event_id", "event", "session_id", "tool_name", "status", "output_preview", "ts")
@@ -69,7 +69,7 @@ class AsyncAuditLogHook(AsyncAgentHook):
     follows_audit_trail = True
 
     def __init__(self, target: str | None = None) -> None:
-        self.target = target or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db"
+        self.target = target or env_value("HOOKBUS_AUDIT_DB") or "hookbus-audit.db"
         self.postgres = self.target.startswith(("postgresql://", "postgres://"))
         self._pool: Any = None
         self._lock = asyncio.Lock()

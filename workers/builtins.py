@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from bus import (
 from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
 from bus.breakglass import BreakGlass
 from bus.events import HookContext, session_of, tool_of
+from bus.settings import env_value
 
 __all__ = [
     "AUDIT_PREVIEW_CHARS",
@@ -284,7 +284,7 @@ class AuditLogHook(AgentHook):
     subscribed_events = (HookEvent.POST_TOOL_USE, HookEvent.ON_SESSION_STOP)
 
     def __init__(self, db_path: str | Path | None = None) -> None:
-        self.db_path = Path(db_path or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db")
+        self.db_path = Path(db_path or env_value("HOOKBUS_AUDIT_DB") or "hookbus-audit.db")
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookbus-audit")
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()
