@@ -305,7 +305,8 @@ class AsyncHookWorker:
         failures: dict[bytes, str] = {}
         if todo:
             if self.hook.handles_batches:
-                why = await self._call(self.hook.on_batch([d for _, d in todo]), None)
+                batch = [d for _, d in todo]
+                why = await self._traced_batch("on_batch", self.hook.on_batch(batch), batch)
                 failures = {entry_id: why for entry_id, _ in todo} if why else {}
             elif telemetry.enabled():  # one span per event
                 reasons = await asyncio.gather(*(self._call_one(d) for _, d in todo))
@@ -330,7 +331,8 @@ class AsyncHookWorker:
         )
         failures: dict[bytes, str] = {}
         if records:
-            why = await self._call(self.hook.on_audit([r for _, r in records]), None)
+            audit = [r for _, r in records]
+            why = await self._traced_batch("on_audit", self.hook.on_audit(audit), audit)
             if why:
                 failures = {entry_id: why for entry_id, _ in records}
             else:
@@ -395,6 +397,29 @@ class AsyncHookWorker:
                 if why:
                     failures[entry_id] = why
         return failures
+
+    async def _traced_batch(self, method: str, coro: Any, batch: Sequence[Any]) -> str | None:
+        """Run one ``on_batch`` or ``on_audit`` call, in a span of its own when tracing: one
+        per batch, linked to the span that published each entry."""
+        if not telemetry.enabled():
+            return await self._call(coro, None)
+        events = sorted({e.value for e in (getattr(x, "event", None) for x in batch) if e})
+        attrs = {
+            "hook.name": self.group,
+            "hook.method": method,
+            "hook.batch_size": len(batch),
+            "hook.events": ",".join(events),
+            "hook.replica": self.replica,
+        }
+        parents = [self._trace.get(x.id, ("", "")) for x in batch]
+        if method == "on_audit":
+            parents = [(r.traceparent, r.tracestate) for r in batch]
+        with telemetry.batch_span(f"hook {self.group}", attrs, parents) as span:
+            why = await self._call(coro, None)
+            span.set_attribute("hook.timed_out", bool(why and why.startswith("timed out")))
+            if why:
+                span.set_status(Status(StatusCode.ERROR, why))
+            return why
 
     async def _call_one(self, delivered: DeliveredEvent) -> str | None:
         method = getattr(self.hook, ASYNC_METHODS[delivered.event])
