@@ -68,7 +68,11 @@ class Service:
 STACK = (
     Service("coordinator", "coordinator", ("coordinator",)),
     Service("cancellation", "worker", ("worker", "workers.cancellation:RedisCancellationHook")),
-    Service("audit-log", "worker", ("worker", "workers.audit:AsyncAuditLogHook", "--from", "0")),
+    Service(
+        "audit-log",
+        "worker",
+        ("worker", "workers.audit:AsyncAuditLogHook", "--from", "0", "--set", "redact=true"),
+    ),
     Service("metrics", "worker", ("worker", "workers.metrics:AsyncMetricsHook", "--from", "0")),
     Service("secret-guard", "worker", ("worker", "workers.demo_hooks:SecretGuard"), replicas=2),
 )
