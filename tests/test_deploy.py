@@ -608,6 +608,8 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
     assert refused("coordinator", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
     assert refused("coordinator", "DEL", "hookbus:events") is noperm
     assert refused("operator", "DEL", "hookbus:hooks") is noperm
+    # An operator cancels sessions but cannot lift a cancellation (protocol.md 6.6).
+    assert refused("operator", "DEL", "hookbus:cancelled:s1") is noperm
     assert refused("operator", "XADD", "hookbus:events", "*", "data", "forged") is noperm
     for role in PASSWORDS:
         assert refused(role, "GET", "elsewhere:key") is noperm

@@ -25,6 +25,8 @@ from workers.redaction import Redaction
 NO_REDACTION = Redaction(False)
 
 PREVIEW_CHARS = 200
+#: Where the audit log goes when neither the constructor nor HOOKBUS_AUDIT_DB says.
+DEFAULT_AUDIT_DB = "hookbus-audit.db"
 COLUMNS = ("event_id", "event", "session_id", "tool_name", "status", "output_preview", "ts")
 SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_audit_events (
@@ -74,7 +76,7 @@ class AsyncAuditLogHook(AsyncAgentHook):
     follows_audit_trail = True
 
     def __init__(self, target: str | None = None, redact: bool | list[str] = False) -> None:
-        self.target = target or env_value("HOOKBUS_AUDIT_DB") or "hookbus-audit.db"
+        self.target = target or env_value("HOOKBUS_AUDIT_DB") or DEFAULT_AUDIT_DB
         self.redact = Redaction(redact)
         self.postgres = self.target.startswith(("postgresql://", "postgres://"))
         self._pool: Any = None

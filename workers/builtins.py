@@ -46,6 +46,7 @@ from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
 from bus.breakglass import BreakGlass
 from bus.events import HookContext, session_of, tool_of
 from bus.settings import env_value
+from workers.audit import DEFAULT_AUDIT_DB
 from workers.redaction import Redaction
 
 __all__ = [
@@ -288,7 +289,7 @@ class AuditLogHook(AgentHook):
     subscribed_events = (HookEvent.POST_TOOL_USE, HookEvent.ON_SESSION_STOP)
 
     def __init__(self, db_path: str | Path | None = None, redact: bool | list[str] = False) -> None:
-        self.db_path = Path(db_path or env_value("HOOKBUS_AUDIT_DB") or "hookbus-audit.db")
+        self.db_path = Path(db_path or env_value("HOOKBUS_AUDIT_DB") or DEFAULT_AUDIT_DB)
         self.redact = Redaction(redact)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookbus-audit")
         self._pending: set[Future[None]] = set()
