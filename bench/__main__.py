@@ -15,6 +15,7 @@ MODULES = [
     "bench.inprocess",
     "bench.sync_dispatch",
     "bench.command_hooks",
+    "bench.http_gateway",
     "bench.async_throughput",
     "bench.concurrency",
     "bench.tracing_cost",

@@ -46,6 +46,7 @@ SOURCES = (
     "inprocess",
     "sync_dispatch",
     "command_hooks",
+    "http_gateway",
     "async_throughput",
     "concurrency",
     "tracing_cost",
@@ -443,6 +444,23 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "µs",
                     "hookbus",
                     x["ratio_to_hookbus_p50"],
+                )
+            )
+    r = reports.get("http_gateway")
+    if r:
+        by = {x["series"]: x for x in r["results"]}
+        for name in ("http", "claude-code", "redis", "bridge"):
+            x = by[name]
+            rows.append(
+                _row(
+                    "HTTP entry point",
+                    f"{name}, 1 hook, p50",
+                    x["p50_us"],
+                    by["floor"]["p50_us"],
+                    "µs",
+                    "Starlette floor",
+                    x["ratio_to_floor_p50"],
+                    key=f"http.{name}",
                 )
             )
     r = reports.get("async_throughput")

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from bus import limits
 from bus.actions import (
     CONTINUE,
     Block,
@@ -45,7 +46,7 @@ from bus.actions import (
     TaggedContext,
     Warn,
 )
-from bus.errors import FailureKind
+from bus.errors import FailureKind, LimitError
 from bus.events import HookEvent, PermissionDecision
 from bus.hooks import HookSpec
 
@@ -70,10 +71,21 @@ class Outcome(msgspec.Struct, frozen=True):
     elapsed: float = 0.0  # seconds, for timelines and spans
 
 
+#: Answers that carry values of the hook's choosing, whose size and depth are checked.
+_FREE_FORM = (MutateInput, Metadata)
+
+
 def check_answer(event: HookEvent, spec: HookSpec, answer: Any, elapsed: float) -> Outcome:
-    """Wrap a hook's answer, turning an answer of the wrong type into a failure."""
+    """Wrap a hook's answer, turning an answer of the wrong type, or one that carries a value
+    too deep or too large to send (bus/limits.py), into a failure."""
     allowed = ALLOWED_ACTIONS.get(event)
     if answer is None or allowed is None or isinstance(answer, allowed):
+        if type(answer) in _FREE_FORM:
+            try:
+                limits.check_answer(answer)
+            except LimitError as exc:
+                why = f"the hook's answer could not be sent: {exc}"
+                return Outcome(spec, None, "error", why, elapsed)
         return Outcome(spec, answer, None, "", elapsed)
     names = ", ".join(str(t.__struct_config__.tag) for t in allowed)  # type: ignore[attr-defined]
     return Outcome(
@@ -340,3 +352,31 @@ def aggregate_notify(event: HookEvent, outcomes: Sequence[Outcome]) -> NotifyRes
     return NotifyResult(
         called=tuple(o.spec.name for o in outcomes), skipped=skipped_of(event, outcomes)
     )
+
+
+#: The name a refusal gives as the blocker: the dispatcher itself, not a hook.
+REFUSER = "HookBus"
+#: What replaces tool output that no hook could be shown.
+WITHHELD = "[output withheld by HookBus: no hook could inspect it ({reason})]"
+
+
+def refusal(event: HookEvent, why: str) -> Any:
+    """The result of a dispatch whose context no hook could be shown (too large, too deep, not
+    encodable: ``why`` names the limit). Input no hook inspected is never approved by default,
+    whatever the hooks' failure policies: PreToolUse is blocked, PermissionRequest denied,
+    tool output withheld; a notification reaches no hook (``None`` for PermissionDenied)."""
+    reason = f"input refused: {why}; no hook could inspect it"
+    if event == HookEvent.PRE_TOOL_USE:
+        return PreToolUseResult(
+            action=Block(reason=reason),
+            final_args={},
+            blocking_errors=(BlockingError(REFUSER, reason),),
+        )
+    if event == HookEvent.PERMISSION_REQUEST:
+        return PermissionRequestResult(
+            action=Override(decision=PermissionDecision.DENY, reason=reason),
+            overridden_by=REFUSER,
+        )
+    if event in (HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE):
+        return PostToolUseResult(final_content=WITHHELD.format(reason=why), warnings=(reason,))
+    return NotifyResult(called=(), skipped=())

@@ -73,6 +73,16 @@ async def offset_from(redis: Any, samples: int = 1) -> tuple[int, float]:
     return best
 
 
+async def redis_ms(redis: Any) -> int:
+    """Redis's clock now, from one ``TIME``, for a one-shot command (an operator's); this
+    host's clock if ``TIME`` is refused."""
+    try:
+        offset, _ = await offset_from(redis)
+    except ResponseError:
+        return local_ms()
+    return local_ms() - offset
+
+
 class RedisClock:
     """One process's estimate of Redis's clock.
 

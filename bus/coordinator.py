@@ -33,12 +33,11 @@ from bus.aggregation import Outcome
 from bus.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
-from bus.errors import ConfigError, HookCrashed, HookUnreachable, ProtocolError
+from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys
 from bus.protocol import (
-    MAX_MESSAGE_BYTES,
     AuditRecord,
     ControlMessage,
     EventMessage,
@@ -48,16 +47,17 @@ from bus.protocol import (
     encode,
     new_id,
     now_ms,
-    raw,
 )
-from bus.redis_io import connect, xadd_batch
+from bus.ratelog import RateLimitedLog
+from bus.redis_io import connect, dead_letter, xadd_batch
 from bus.registry import local_target
 from bus.retention import hard_cap
-from bus.runner import EventRunner
+from bus.runner import EventRunner, inspected
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
 log = logging.getLogger("hookbus.coordinator")
+_failures = RateLimitedLog(log)
 #: The audit trail's hard cap at the default ``audit_maxlen`` (the audit log keeps it all).
 AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
@@ -110,6 +110,7 @@ class Coordinator(EventRunner):
             "publish_failures": 0,
             "oversized_events": 0,
             "skewed_calls": 0,
+            "refused": 0,
         }
         #: Calls, per hook, dispatched while every live replica of the hook was skewed.
         self.skewed_calls: dict[str, int] = {}
@@ -230,12 +231,38 @@ class Coordinator(EventRunner):
                 by=dispatch_source.get() or self.source,
                 breakglass=reason,
             )
-            self._enqueue(self.keys.audit, encode(record), hard_cap(self.bus.audit_maxlen), None)
+            try:
+                payload = encode(record)
+            except LimitError as exc:  # a hook's reason of a megabyte, say
+                self.stats["publish_failures"] += 1
+                _failures.warning("audit record of %s not written: %s", answer.hook_name, exc)
+                continue
+            self._enqueue(self.keys.audit, payload, hard_cap(self.bus.audit_maxlen), None)
+
+    def refused(self, event: HookEvent, ctx: HookContext, error: LimitError) -> None:
+        """Counted and logged (``EventRunner``), and recorded in the dead-letter stream: the
+        event was not published, so no async hook will see it."""
+        super().refused(event, ctx, error)
+        self.stats["refused"] += 1
+        tool, _ = tool_of(ctx)
+        self.spawn(
+            dead_letter(
+                self.redis,
+                self.keys,
+                self.keys.events,
+                f"{event.value} refused: {error}",
+                b"",
+                event=event.value,
+                session_id=str(session_of(ctx))[:300],
+                tool_name=str(tool or "")[:300],
+                by=self.source,
+            )
+        )
 
     def fire_async(self, event: HookEvent, ctx: HookContext) -> None:
         """Publish the event to ``{p}:events`` (async hooks consume it there); never waits."""
         traceparent, tracestate = telemetry.headers()
-        encoded = raw(ctx)
+        encoded = msgspec.Raw(inspected(ctx))  # checked against the limits already
         message = EventMessage(
             id=new_id(),
             ts=now_ms(),
@@ -249,10 +276,11 @@ class Coordinator(EventRunner):
         # A backstop cap only: retention (bus/retention.py) trims history without losing
         # what a group has not handled yet.
         _dispatch.set((message.id, ctx, encoded))
-        payload = encode(message)
-        if len(payload) > MAX_MESSAGE_BYTES:
+        try:
+            payload = encode(message)
+        except LimitError as exc:
             self.stats["oversized_events"] += 1
-            log.warning("%s event of %d bytes not published: over the limit", event, len(payload))
+            _failures.warning("%s event not published: %s", event, exc)
             return
         self._enqueue(self.keys.events, payload, hard_cap(self.bus.events_maxlen), None)
 
@@ -346,18 +374,16 @@ class Coordinator(EventRunner):
             hook=hook,
             event=event,
             session_id=session_of(ctx),
-            context=encoded if published is ctx and encoded is not None else raw(ctx),
+            context=(
+                encoded if published is ctx and encoded is not None else msgspec.Raw(inspected(ctx))
+            ),
             deadline=self.clock.now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
             event_id=event_id if published is ctx else "",
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        payload = encode(request)
-        if len(payload) > MAX_MESSAGE_BYTES:
-            raise ProtocolError(
-                f"request of {len(payload)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit"
-            )
+        payload = encode(request)  # LimitError: this hook fails, under its policy
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
         future.add_done_callback(lambda _: self._waiting.pop(request.id, None))
@@ -429,7 +455,7 @@ class Coordinator(EventRunner):
                 continue
             if request_id is None:
                 self.stats["publish_failures"] += 1
-                log.warning("could not publish an event to %s: %s", stream, result)
+                _failures.warning("could not publish an event to %s: %s", stream, result)
                 continue
             future = self._waiting.get(request_id)
             if future is not None and not future.done():
@@ -450,7 +476,11 @@ class Coordinator(EventRunner):
                 continue
             if popped:
                 for data in cast(list[bytes], popped[1]):
-                    self._deliver(data)
+                    try:
+                        self._deliver(data)
+                    except Exception:  # no reply can stop the reader that all dispatches need
+                        self.stats["malformed_replies"] += 1
+                        _failures.error("could not deliver a reply", exc_info=True)
                 # Let the dispatches waiting on these replies run (future callback, then their
                 # task) before this reader spends time re-arming its blocking read.
                 await asyncio.sleep(0)
@@ -461,7 +491,7 @@ class Coordinator(EventRunner):
             reply = decode(data, HookReply)
         except ProtocolError as exc:
             self.stats["malformed_replies"] += 1
-            log.warning("dropping a malformed reply in %s: %s", self.inbox, exc)
+            _failures.warning("dropping a malformed reply in %s: %s", self.inbox, exc)
             return
         future = self._waiting.get(reply.request_id)
         if future is None or future.done():
@@ -499,7 +529,7 @@ class Coordinator(EventRunner):
                     try:
                         note = decode(message["data"], ControlMessage)
                     except ProtocolError as exc:
-                        log.warning("ignoring a malformed control message: %s", exc)
+                        _failures.warning("ignoring a malformed control message: %s", exc)
                         continue
                     if note.type == "session":
                         self.session_changed(note.session_id)

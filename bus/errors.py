@@ -8,6 +8,7 @@
     │   ├── PatternError            a malformed tool-name or content pattern
     │   ├── ContextTypeError        a context of the wrong type for the event (also a TypeError)
     │   └── ProtocolError           a wire message that does not fit the protocol (names the field)
+    │       └── LimitError          a message or context over a bound of bus/limits.py (names it)
     ├── ConfigError                 a setting that cannot be used (bad env var, bad hook class)
     │   ├── RedisAuthError          Redis refused the credentials (permanent: services stop)
     │   └── HookRetired             an operator removed the hook this replica would serve
@@ -59,6 +60,20 @@ class ProtocolError(InvalidInputError):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class LimitError(ProtocolError):
+    """A message or context over one of the bounds of ``bus/limits.py``: too large, nested too
+    deep, too many containers, or not encodable at all.
+
+    Attributes:
+        limit: the name of the bound (``MAX_CONTEXT_DEPTH``, ``MAX_MESSAGE_BYTES``, …), or
+            ``"encodable"`` for a value that cannot be written as JSON.
+    """
+
+    def __init__(self, message: str, field: str = "", *, limit: str) -> None:
+        super().__init__(message, field)
+        self.limit = limit
 
 
 class ConfigError(HookBusError):

@@ -17,16 +17,17 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from bus import limits
 from bus.actions import HookAction
 from bus.breakglass import BreakGlass as BreakGlass  # the value of {p}:breakglass
 from bus.errors import ProtocolError
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
+from bus.limits import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # largest message accepted
+from bus.limits import encode_context as encode_context
 from bus.matcher import ToolMatchFilter
 
 PROTOCOL_VERSION = 1
-#: Largest message accepted from the wire (bytes).
-MAX_MESSAGE_BYTES = 1_048_576
 #: The stream entry field that holds the JSON message.
 DATA_FIELD = "data"
 
@@ -205,22 +206,25 @@ class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str = ""
 
 
-_encoder = msgspec.json.Encoder()
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 _PATH = re.compile(r" - at `([^`]*)`$")
 
 
 def encode(message: Any) -> bytes:
-    """One message as JSON bytes."""
-    return _encoder.encode(message)
+    """One message as JSON bytes; LimitError (a ProtocolError) if it is over a bound of
+    ``bus/limits.py`` or cannot be encoded."""
+    return limits.encode(message, type(message).__name__)
 
 
 def decode(data: bytes | str, kind: type[T]) -> T:
-    """Parse and check one message; raise ProtocolError naming the field on any problem."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(
-            f"{kind.__name__} of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit"
-        )
+    """Parse and check one message; raise ProtocolError naming the field on any problem.
+
+    The size, nesting depth and number of containers are checked before msgspec parses it
+    (LimitError); whatever else the parser raises becomes a ProtocolError too."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if data.count(b"[") + data.count(b"{") > limits.MAX_DEPTH or len(data) > MAX_MESSAGE_BYTES:
+        limits.check(data, kind.__name__)  # (its fast path inlined above: the usual case)
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
@@ -228,6 +232,8 @@ def decode(data: bytes | str, kind: type[T]) -> T:
         message: T = decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise _protocol_error(kind.__name__, exc) from exc
+    except Exception as exc:  # RecursionError, MemoryError, …: still the protocol's error
+        raise ProtocolError(f"malformed {kind.__name__}: {type(exc).__name__}: {exc}") from exc
     version = getattr(message, "v", PROTOCOL_VERSION)
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -244,22 +250,48 @@ def _protocol_error(what: str, exc: msgspec.DecodeError) -> ProtocolError:
 
 
 def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
-    """The context of ``event`` from its raw JSON; errors name ``$.context.<field>``."""
+    """The context of ``event`` from its raw JSON; errors name ``$.context.<field>``.
+
+    A context over ``MAX_CONTEXT_BYTES`` or ``MAX_CONTEXT_DEPTH`` raises LimitError."""
     kind = CONTEXT_TYPES[event]
+    data = bytes(raw)
+    limits.check_context(data, f"{event.value} context")
     try:
-        ctx: HookContext = msgspec.json.decode(bytes(raw), type=kind)  # type: ignore[assignment]
+        ctx: HookContext = msgspec.json.decode(data, type=kind)  # type: ignore[assignment]
     except msgspec.DecodeError as exc:
         text = str(exc).replace("`$", "`$.context", 1)
         match = _PATH.search(text)
         raise ProtocolError(
             f"malformed {event.value} context: {text}", match.group(1) if match else "$.context"
         ) from exc
+    except Exception as exc:  # whatever the parser raises: the protocol's error
+        raise ProtocolError(
+            f"malformed {event.value} context: {type(exc).__name__}: {exc}", "$.context"
+        ) from exc
     return ctx
 
 
+def decode_head(data: bytes, kind: type[T]) -> T | None:
+    """The top-level scalar fields of a message that may be malformed, too deep or too large
+    (``kind`` is a small Struct of them: an ``id`` and a ``reply_to``, say), or None if they
+    cannot be read. Never raises, never recurses deeply: values nested below the top level are
+    replaced by ``null`` first when the message is over a bound (``limits.top_level``)."""
+    try:
+        limits.check(data, kind.__name__)
+    except ProtocolError:
+        pruned = limits.top_level(data)
+        if pruned is None:
+            return None
+        data = pruned
+    try:
+        return decode(data, kind)
+    except ProtocolError:
+        return None
+
+
 def raw(ctx: HookContext) -> msgspec.Raw:
-    """A context ready to embed in an envelope."""
-    return msgspec.Raw(_encoder.encode(ctx))
+    """A context ready to embed in an envelope (LimitError if it is over a bound)."""
+    return msgspec.Raw(encode_context(ctx))
 
 
 def new_id() -> str:

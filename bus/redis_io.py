@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, cast
 
@@ -16,14 +17,19 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from bus.errors import HookRetired, RedisAuthError
 from bus.keys import Keys
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
+from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
 
 log = logging.getLogger("hookbus.redis")
+_failures = RateLimitedLog(log)
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
 #: Errors that mean "Redis is not reachable right now": retry later, never crash.
 UNREACHABLE = (RedisError, OSError)
+
+#: The reason of a dead letter for a pending entry a stream's cap cut before it was acknowledged.
+TRIMMED = "trimmed before it was handled"
 
 
 SOCKET_TIMEOUT = 10.0
@@ -307,6 +313,8 @@ async def consume(
         except UNREACHABLE as exc:  # lost while handling: what was not acknowledged stays
             log.warning("Redis unreachable while handling %s (%s); retrying", stream, exc)
             await asyncio.sleep(backoff)
+        except Exception:  # no message stops the loop; what was not acknowledged is claimed
+            _failures.error("handling a batch of %s failed", stream, exc_info=True)
 
 
 async def keep_and_claim(
@@ -317,14 +325,58 @@ async def keep_and_claim(
     in_flight: Collection[bytes],
     idle_ms: int,
     count: int = 16,
+    *,
+    dlq: str | None = None,
+    hook: str = "",
 ) -> list[Entry]:
     """Keep ``consumer``'s in-flight entries its own (XCLAIM resets their idle time) and take
     over entries another consumer has left idle for ``idle_ms`` (XAUTOCLAIM): a replica that
-    died or froze mid-entry loses it to a live one. Returns the entries taken over."""
-    if in_flight:
-        await redis.xclaim(stream, group, consumer, 0, list(in_flight), justid=True)
+    died or froze mid-entry loses it to a live one. Returns the entries taken over.
+
+    Pending entries the stream's cap cut are dropped from the group by XAUTOCLAIM, which names
+    them: with ``dlq``, each becomes a dead letter there ("trimmed before it was handled")."""
+    # Entries in flight when this pass began are ours even if they finish meanwhile: one
+    # acknowledged just after XAUTOCLAIM read it as pending must not be taken over again.
+    ours = set(in_flight)
+    if ours:
+        await redis.xclaim(stream, group, consumer, 0, list(ours), justid=True)
     result = await redis.xautoclaim(stream, group, consumer, idle_ms, start_id="0-0", count=count)
-    return [(entry_id, fields) for entry_id, fields in result[1] if entry_id not in in_flight]
+    deleted = [i for i in (result[2] if len(result) > 2 else ()) if i not in ours]
+    if dlq and deleted:
+        reason = f"{TRIMMED}: cut by the cap of {stream} while pending"
+        extra = {"groups": group, "lost": "1"} | ({"hook": hook} if hook else {})
+        async with redis.pipeline(transaction=False) as pipe:
+            for entry_id in deleted:
+                letter = dead_letter_entry(stream, reason, b"", entry_id=entry_id.decode(), **extra)
+                pipe.xadd(dlq, letter, maxlen=100_000, approximate=True)
+            await pipe.execute()
+        log.error(
+            "%d pending entries of %s (group %s) were %s; first %s",
+            len(deleted), stream, group, TRIMMED, deleted[0].decode(),
+        )  # fmt: skip
+    return [
+        (entry_id, fields)
+        for entry_id, fields in result[1]
+        if entry_id not in ours and entry_id not in in_flight
+    ]
+
+
+class Settled:
+    """The last ``size`` entry ids this consumer acknowledged. An entry can reach a consumer
+    twice at once — its XREADGROUP reply still being read while a takeover pass (XAUTOCLAIM)
+    finds it idle — and must then be handled once: dead-lettered once, answered once."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._ids: OrderedDict[bytes, None] = OrderedDict()
+
+    def add(self, entry_id: bytes) -> None:
+        self._ids[entry_id] = None
+        if len(self._ids) > self.size:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._ids
 
 
 def refuse_retired(tomb: RetiredHook) -> HookRetired:
@@ -400,4 +452,4 @@ async def dead_letter(
     try:
         await redis.xadd(keys.dlq, entry, maxlen=100_000, approximate=True)
     except UNREACHABLE as exc:
-        log.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)
+        _failures.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)

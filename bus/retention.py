@@ -41,12 +41,11 @@ from redis.exceptions import ResponseError
 from bus import telemetry
 from bus.errors import HookBusError
 from bus.keys import Keys, check_name
-from bus.redis_io import Entry, dead_letter_entry
+from bus.redis_io import TRIMMED, Entry, dead_letter_entry
 
 log = logging.getLogger("hookbus.retention")
 HARD_CAP_FACTOR = 10
-#: The reason of a dead letter for a pending entry the hard cap cut before it was acknowledged.
-TRIMMED = "trimmed before it was handled"
+__all__ = ["HARD_CAP_FACTOR", "TRIMMED", "Gap", "Retention", "group_backlogs", "hard_cap"]
 
 
 def hard_cap(maxlen: int) -> int:

@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from bus.actions import (
@@ -30,9 +31,10 @@ from bus.aggregation import (
     aggregate_permission_request,
     aggregate_post_tool_use,
     aggregate_pre_tool_use,
+    refusal,
     shadowed_answers,
 )
-from bus.errors import ContextTypeError
+from bus.errors import ContextTypeError, LimitError
 from bus.events import (
     CONTEXT_TYPES,
     HookContext,
@@ -50,9 +52,23 @@ from bus.events import (
     SubagentStartContext,
     SubagentStopContext,
 )
+from bus.limits import encode_context
+from bus.ratelog import RateLimitedLog
 from bus.settings import HookSettings
 
 log = logging.getLogger("hookbus.dispatch")
+_failures = RateLimitedLog(log)
+
+#: The context being dispatched in this task and its JSON, made once when it was inspected.
+_inspected: ContextVar[tuple[object, bytes]] = ContextVar("hookbus_inspected", default=(None, b""))
+
+
+def inspected(ctx: HookContext) -> bytes:
+    """The JSON of ``ctx``: the copy its dispatch made when it inspected it, else encoded now
+    (LimitError if it is over a bound)."""
+    seen, data = _inspected.get()
+    return data if seen is ctx else encode_context(ctx)
+
 
 #: Called after every dispatch with (event, context, outcomes in hook order, seconds taken).
 #: Timelines, tracing and metrics attach here; the core never knows they exist.
@@ -94,6 +110,8 @@ class EventRunner(abc.ABC):
         self.settings = settings if settings is not None else HookSettings.from_env()
         self._background: set[asyncio.Task[Any]] = set()
         self.observers: list[DispatchObserver] = []
+        #: Dispatches refused because no hook could be shown their context.
+        self.refusals = 0
 
     # -- what a mode provides ---------------------------------------------------------------
 
@@ -142,21 +160,38 @@ class EventRunner(abc.ABC):
             if timeout is not None:
                 return
 
+    def refused(self, event: HookEvent, ctx: HookContext, error: LimitError) -> None:
+        """A context no hook could be shown (too large, too deep, not encodable) was refused:
+        counted and logged here; a mode may record it as well (the distributed mode
+        dead-letters it, the built-in registry writes an audit row)."""
+        self.refusals += 1
+        _failures.warning("%s refused: %s", event.value, error, key="refused")
+
     def _report(self, skipped: Sequence[SkippedHook]) -> None:
         for s in skipped:
-            log.warning(
+            _failures.warning(
                 "hook %s skipped for %s (%s): %s%s",
                 s.hook_name,
                 s.event.value,
                 s.kind,
                 s.detail,
                 " -> enforced by failure_policy=fail" if s.enforced else "",
+                key=f"skipped {s.hook_name} {s.kind}",
             )
 
     async def _run(
         self, event: HookEvent, ctx: HookContext, sequential: bool = False
-    ) -> list[Outcome]:
+    ) -> list[Outcome] | LimitError:
+        """The outcomes of the hooks for this event, or, for a context no hook could be shown,
+        the error that says why (the caller answers it with ``refusal``, whatever the hooks'
+        failure policies: input no hook inspected is never approved by default)."""
         check_context(event, ctx)
+        try:
+            data = encode_context(ctx)
+        except LimitError as exc:
+            self.refused(event, ctx, exc)
+            return exc
+        _inspected.set((ctx, data))
         self.fire_async(event, ctx)
         if not self.observers:
             return await self.gather(event, ctx, sequential=sequential)
@@ -170,7 +205,10 @@ class EventRunner(abc.ABC):
     async def _notify(
         self, event: HookEvent, ctx: HookContext, sequential: bool = False
     ) -> NotifyResult:
-        result = aggregate_notify(event, await self._run(event, ctx, sequential))
+        outcomes = await self._run(event, ctx, sequential)
+        if isinstance(outcomes, LimitError):
+            return refusal(event, str(outcomes))  # type: ignore[no-any-return]
+        result = aggregate_notify(event, outcomes)
         if result.skipped:
             self._report(result.skipped)
         return result
@@ -187,6 +225,8 @@ class EventRunner(abc.ABC):
 
     async def run_pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseResult:
         outcomes = await self._run(HookEvent.PRE_TOOL_USE, ctx)
+        if isinstance(outcomes, LimitError):
+            return refusal(HookEvent.PRE_TOOL_USE, str(outcomes))  # type: ignore[no-any-return]
         result = aggregate_pre_tool_use(ctx.tool_args, outcomes, _now())
         if result.skipped:
             self._report(result.skipped)
@@ -202,7 +242,11 @@ class EventRunner(abc.ABC):
         outcomes = await self._run(HookEvent.POST_TOOL_USE_FAILURE, ctx)
         return self._post(HookEvent.POST_TOOL_USE_FAILURE, ctx.error_message, outcomes)
 
-    def _post(self, event: HookEvent, content: str, outcomes: list[Outcome]) -> PostToolUseResult:
+    def _post(
+        self, event: HookEvent, content: str, outcomes: list[Outcome] | LimitError
+    ) -> PostToolUseResult:
+        if isinstance(outcomes, LimitError):
+            return refusal(event, str(outcomes))  # type: ignore[no-any-return]
         result = aggregate_post_tool_use(
             event, content, outcomes, _now(), self.settings.truncate_chars
         )
@@ -233,6 +277,8 @@ class EventRunner(abc.ABC):
         self, ctx: PermissionRequestContext
     ) -> PermissionRequestResult:
         outcomes = await self._run(HookEvent.PERMISSION_REQUEST, ctx)
+        if isinstance(outcomes, LimitError):
+            return refusal(HookEvent.PERMISSION_REQUEST, str(outcomes))  # type: ignore[no-any-return]
         result = aggregate_permission_request(outcomes, _now())
         if result.skipped:
             self._report(result.skipped)

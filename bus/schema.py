@@ -20,6 +20,12 @@ from bus.actions import (
     PreToolUseResult,
 )
 from bus.events import CONTEXT_TYPES
+from bus.limits import (
+    MAX_CONTAINERS,
+    MAX_CONTEXT_BYTES,
+    MAX_CONTEXT_DEPTH,
+    MAX_DEPTH,
+)
 from bus.protocol import (
     DATA_FIELD,
     MAX_MESSAGE_BYTES,
@@ -54,10 +60,28 @@ MESSAGES: dict[str, type] = {
 }
 
 
+_CONTEXTS = frozenset(CONTEXT_TYPES.values())
+# JSON Schema can bound a string's length or an array's items, but not a document's total size,
+# its nesting depth or its number of containers: the bounds of bus/limits.py are stated here.
+LIMITS = (
+    "Limits JSON Schema cannot express (docs/protocol.md 1.2): receivers reject a message of "
+    f"more than {MAX_MESSAGE_BYTES} bytes (MAX_MESSAGE_BYTES), nested more than {MAX_DEPTH} "
+    f"levels deep counting the message itself as level 1 (MAX_DEPTH), or holding more than "
+    f"{MAX_CONTAINERS} arrays and objects (MAX_CONTAINERS)."
+)
+CONTEXT_LIMITS = (
+    "Limits JSON Schema cannot express (docs/protocol.md 1.2): a context of more than "
+    f"{MAX_CONTEXT_BYTES} bytes (MAX_CONTEXT_BYTES) or nested more than {MAX_CONTEXT_DEPTH} "
+    "levels deep counting the context itself as level 1 (MAX_CONTEXT_DEPTH) is refused: no "
+    "hook is shown it, PreToolUse is Blocked, PermissionRequest Denied, tool output withheld."
+)
+
+
 def _schema(kind: type) -> dict[str, Any]:
     schema: dict[str, Any] = msgspec.json.schema(kind)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/{kind.__name__}.json"
+    schema["description"] = CONTEXT_LIMITS if kind in _CONTEXTS else LIMITS
     return schema
 
 
@@ -67,6 +91,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     actions: dict[str, Any] = msgspec.json.schema(HookAction)
     actions["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     actions["$id"] = f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/HookAction.json"
+    actions["description"] = LIMITS
     schemas["HookAction.json"] = actions
     return schemas
 
@@ -125,7 +150,9 @@ def asyncapi() -> dict[str, Any]:
             "description": (
                 "Lifecycle-hook events and decisions for AI agents over Redis. On streams each "
                 f"entry has one field `{DATA_FIELD}` holding the JSON message; messages are at "
-                f"most {MAX_MESSAGE_BYTES} bytes. See docs/protocol.md."
+                f"most {MAX_MESSAGE_BYTES} bytes, {MAX_DEPTH} levels deep and "
+                f"{MAX_CONTAINERS} arrays and objects; a context at most {MAX_CONTEXT_BYTES} "
+                f"bytes and {MAX_CONTEXT_DEPTH} levels deep. See docs/protocol.md 1.2."
             ),
         },
         "defaultContentType": "application/json",

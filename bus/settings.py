@@ -122,6 +122,15 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_MAX_OUTPUT_CHARS",
         "HOOKBUS_AUDIT_DB",
         "HOOKBUS_HEALTH_PORT",
+        "HOOKBUS_AUDIT_MAXLEN",
+        "HOOKBUS_DURABLE_REPLICAS",
+        "HOOKBUS_DURABLE_WAIT_MS",
+        # The HTTP gateway (workers/gateway.py) and the Claude Code command hook
+        # (workers/command_hook.py): docs/integrations.md.
+        *(f"HOOKBUS_GATEWAY_{v}" for v in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS", "URL")),
+        "HOOKBUS_COMMAND",
+        *(f"HOOKBUS_COMMAND_{v}" for v in ("NAME", "EVENTS", "MATCHER", "TIMEOUT", "CWD")),
+        "HOOKBUS_COMMAND_FAILURE_POLICY",
         "HOOKBUS_SECRETS_DIR",
         "HOOKBUS_ACL_TEMPLATE",
         "HOOKBUS_ACL_FILE",

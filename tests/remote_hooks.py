@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from bus import AsyncAgentHook, HookAction, HookEvent, ToolMatchFilter
+from bus import AsyncAgentHook, HookAction, HookEvent, Metadata, MutateInput, ToolMatchFilter
 from bus.hooks import ASYNC_METHODS, current_event
 from tests.hooks_for_tests import Recorder
 
@@ -69,6 +69,8 @@ class AsyncConfig(msgspec.Struct, kw_only=True):
     fixed_flag: str = ""  # ... until this file exists
     record: str = ""  # a file each handled event id is appended to
     events: list[HookEvent] = msgspec.field(default_factory=list)
+    delay_secs: float = 0  # each event takes this long (asyncio.sleep) before it is recorded
+    timeout: float | None = None  # the hook's timeout (default: the async timeout)
 
 
 class ScriptedAsync(AsyncAgentHook):
@@ -80,6 +82,7 @@ class ScriptedAsync(AsyncAgentHook):
         self.config = config
         self.name = config.name  # type: ignore[misc]
         self.subscribed_events = tuple(config.events)  # type: ignore[misc]
+        self.timeout = config.timeout  # type: ignore[misc]
 
     async def _handle(self, ctx: Any) -> None:
         event = current_event.get()
@@ -88,6 +91,8 @@ class ScriptedAsync(AsyncAgentHook):
         fixed = self.config.fixed_flag and os.path.exists(self.config.fixed_flag)
         if self.config.fail_session and session == self.config.fail_session and not fixed:
             raise RuntimeError(f"cannot handle session {session}")
+        if self.config.delay_secs:
+            await asyncio.sleep(self.config.delay_secs)
         if self.config.record:
             with open(self.config.record, "a") as f:
                 f.write(f"{event.id}\n")
@@ -117,3 +122,28 @@ class FromRedis(Recorder):
     async def _answer(self, event: HookEvent, ctx: Any) -> Any:
         raw = await self.redis.hget(self.key, f"{self.name}:{event.value}")
         return msgspec.json.decode(raw, type=HookAction) if raw else None
+
+
+def nested(depth: int) -> Any:
+    """``[[…[]…]]``, ``depth`` arrays deep (built without recursion)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+class DeepAnswers(Recorder):
+    """Answers with a value nested ``HOOKBUS_TEST_DEPTH`` levels deep in Metadata for
+    PostToolUse, one level less in MutateInput's ``updated_args["deep"]`` for PreToolUse: either
+    reply then nests that depth + 2 levels. Its name comes from ``HOOKBUS_TEST_NAME``."""
+
+    def __init__(self) -> None:
+        super().__init__(os.environ["HOOKBUS_TEST_NAME"])
+        self.depth = int(os.environ["HOOKBUS_TEST_DEPTH"])
+
+    async def _answer(self, event: HookEvent, ctx: Any) -> Any:
+        if event == HookEvent.PRE_TOOL_USE:
+            return MutateInput(updated_args={"deep": nested(self.depth - 1)})
+        if event == HookEvent.POST_TOOL_USE:
+            return Metadata(key="deep", value=nested(self.depth))
+        return None

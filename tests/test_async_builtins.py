@@ -16,7 +16,7 @@ from bus import HookEvent, PostToolUseContext, SessionStopContext, TurnTerminal
 from bus.hooks import DeliveredEvent
 from bus.keys import Keys
 from bus.protocol import DATA_FIELD, new_id, now_ms
-from bus.retention import trim_events
+from bus.retention import Retention
 from bus.settings import BusSettings
 from workers.audit import AsyncAuditLogHook
 from workers.metrics import AsyncMetricsHook
@@ -92,13 +92,14 @@ async def test_retention_trims_history_but_never_what_a_group_still_needs(
             ids.append(await redis.xadd(keys.events, {DATA_FIELD: b"{}"}, id=f"{1000 + i}-0"))
         await redis.xgroup_create(keys.events, "slow", id=ids[49])  # handled the first 50
         await redis.xgroup_create(keys.events, "fast", id="$")
-        done = await trim_events(redis, keys, maxlen=100)
+        retention = Retention(redis, keys)
+        done = await retention.trim(keys.events, maxlen=100)
         first = (await redis.xrange(keys.events, count=1))[0][0]
         assert int(first.split(b"-")[0]) <= 1050  # "slow" still needs entry 51 onwards
         assert done["trimmed"] <= 50
         # once "slow" catches up, history beyond maxlen goes (approximately)
         await redis.xgroup_setid(keys.events, "slow", id="$")
-        await trim_events(redis, keys, maxlen=100)
+        assert (await retention.trim(keys.events, maxlen=100))["lost"] == 0
         assert await redis.xlen(keys.events) < 300
     finally:
         await redis.aclose()

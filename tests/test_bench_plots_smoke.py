@@ -152,6 +152,27 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
                 "met": False,
             },
         },
+        "http_gateway": {
+            **common,
+            "results": [
+                {
+                    "series": name,
+                    "samples": 20,
+                    "p50_us": p50,
+                    "p99_us": 3 * p50,
+                    "ratio_to_redis_p50": round(p50 / 1900, 2),
+                    "ratio_to_floor_p50": round(p50 / 200, 2),
+                    "quantiles_us": _quantiles(p50),
+                }
+                for name, p50 in [
+                    ("http", 1400.0),
+                    ("claude-code", 1250.0),
+                    ("redis", 1900.0),
+                    ("floor", 200.0),
+                    ("bridge", 39000.0),
+                ]
+            ],
+        },
         "tracing_cost": {
             "samples": 300,
             "off": {"p50_us": 400.0, "p99_us": 900.0},
@@ -206,6 +227,7 @@ def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None
     benchmarks = {row["benchmark"] for row in summary["rows"]}
     assert {"in-process", "sync, agent", "sync, service", "command hooks", "async"} <= benchmarks
     assert {"concurrency, closed", "concurrency, paced", "tracing"} <= benchmarks
+    assert "HTTP entry point" in benchmarks
     for row in summary["rows"]:
         assert row["value"] is not None and row["ratio"] is not None, row
         assert row["met"] in (True, False, None), row

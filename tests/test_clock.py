@@ -8,7 +8,7 @@ quietly off. These tests FAIL (never skip) when libfaketime is missing.
 
 from __future__ import annotations
 
-import glob
+import asyncio
 import json
 import os
 import re
@@ -27,35 +27,11 @@ from bus.clock import MAX_SKEW_MS, ExpiredDrops, RedisClock, is_skewed
 from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from bus.protocol import DATA_FIELD, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
+from tests.faketime import faked
 from tests.harness import ROOT, Processes, until, wait_for, wait_live, worker_env
 from tests.remote_hooks import HookConfig
 
 pytestmark = pytest.mark.redis
-SKEW = "+5s"
-LIBFAKETIME_PATHS = (
-    "/usr/lib/*-linux-gnu/faketime/libfaketime.so.1",  # Debian, Ubuntu (dpkg -L libfaketime)
-    "/usr/lib/faketime/libfaketime.so.1",
-    "/usr/lib64/faketime/libfaketime.so.1",
-    "/usr/local/lib/faketime/libfaketime.so.1",
-)
-
-
-def libfaketime() -> str:
-    """The libfaketime library: fails the test, with what to install, when it is missing."""
-    for pattern in LIBFAKETIME_PATHS:
-        if found := sorted(glob.glob(pattern)):
-            return found[0]
-    pytest.fail("the clock-skew tests need libfaketime: apt install faketime (see .ci/run)")
-
-
-def faked(offset: str = SKEW) -> dict[str, str]:
-    """Environment that runs a process with its wall clock moved by ``offset``. Its monotonic
-    clock stays true (asyncio's timers use it), as a host whose NTP is off would have it."""
-    return {
-        "LD_PRELOAD": libfaketime(),
-        "FAKETIME": offset,
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
 
 
 def ctx(tool: str = "act") -> PreToolUseContext:
@@ -342,3 +318,32 @@ def test_a_skewed_clock_is_an_error_repeated_at_most_once_a_minute(
         "this test's clock is back within 1 s of Redis's (0.020 s ahead of Redis's)",
     )
     assert len(said) == 2
+
+
+async def test_a_reading_slower_than_the_bound_is_not_used() -> None:
+    """A ``TIME`` whose round trip exceeds the bound cannot bound its error: the offset measured
+    before stands. (A private redis-server, frozen for longer than the bound.)"""
+    from bus.redis_io import connect
+    from workers.redis_server import RedisServer, find_redis_server
+
+    if not find_redis_server():
+        pytest.fail("this test freezes a private redis-server: none on PATH")
+    server = RedisServer().start()
+    redis = connect(BusSettings(redis_url=server.url))
+    try:
+        clock = RedisClock("this test")
+        before = await clock.measure(redis)
+        assert before is not None and clock.rtt_ms is not None
+        rtt = clock.rtt_ms
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            reading = asyncio.create_task(clock.measure(redis))
+            await asyncio.sleep(MAX_SKEW_MS / 1000 + 0.3)  # the freeze's length, not a wait
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert await reading is None
+        assert (clock.offset_ms, clock.rtt_ms) == (before, rtt)
+    finally:
+        await redis.aclose()
+        server.close()

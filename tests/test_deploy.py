@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -615,3 +616,30 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
         assert refused(role, "GET", "elsewhere:key") is noperm
         assert refused(role, "FLUSHALL") is noperm
         assert refused(role, "CONFIG", "GET", "*") is noperm
+
+
+@pytest.mark.redis
+def test_every_role_reads_redis_clock_and_only_workers_publish_offsets(
+    acl_redis: AclRedis,
+) -> None:
+    """Deadlines and liveness are on Redis's clock (bus/clock.py): every role may read ``TIME``;
+    a worker publishes its offset, coordinators and agents read it and cannot forge it."""
+    import redis
+
+    clocks, replicas = "hookbus:hook:Guard:clocks", "hookbus:hook:Guard:replicas"
+    clients = {r: redis.Redis.from_url(acl_redis.url(r)) for r in PASSWORDS}
+    try:
+        for client in clients.values():
+            secs, _ = client.time()
+            assert abs(secs - time.time()) < 60
+        assert clients["worker"].hset(clocks, "w-1-ab", 5000) == 1
+        for role in ("coordinator", "agent", "operator", "worker"):
+            assert clients[role].hgetall(clocks) == {b"w-1-ab": b"5000"}
+            assert clients[role].zrange(replicas, 0, "+inf", byscore=True) == []
+        for role in ("coordinator", "agent", "operator"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                clients[role].hset(clocks, "w-1-ab", 0)
+        assert clients["worker"].hdel(clocks, "w-1-ab") == 1
+    finally:
+        for client in clients.values():
+            client.close()

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from bus import Block, HookEvent
+from bus import Block, HookEvent, Override, PermissionDecision
 from bus.events import session_of
 from bus.keys import Keys
 from bus.protocol import EventMessage, decode, decode_context, new_id, now_ms
@@ -194,6 +194,39 @@ def test_schema_violations_get_error_replies_naming_the_field(
     (reply,) = decisions(run_node(bus_settings, "decide", "PreToolUse", '{"session_id":"s1"}'))
     assert reply["status"] == "error" and reply["field"] == "$.context", reply
     assert "`tool_name`" in reply["error"], reply
+
+
+def test_node_client_gets_a_refusal_for_a_context_no_hook_can_inspect(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """Tool arguments nested 1,000 levels deep (far below what breaks JSON.stringify): the
+    service decides without any hook — Block, Deny — although its only hook would allow all."""
+    allow = Override(decision=PermissionDecision.ALLOW, reason="fine")
+    start_services(
+        procs, bus_settings, HookConfig(name="Allower", answers={"PermissionRequest": allow})
+    )
+    deep = '{"a":' * 999 + "{}" + "}" * 999
+    context = f'{{"session_id":"s1","tool_name":"act","tool_args":{deep}}}'
+    (reply,) = decisions(run_node(bus_settings, "decide", "PreToolUse", context))
+    check_envelope(reply)
+    assert (reply["status"], reply["event"]) == ("ok", "PreToolUse"), reply
+    action = reply["result"]["action"]
+    assert action["type"] == "Block" and "(MAX_DEPTH)" in action["reason"], reply
+    assert [e["hook_name"] for e in reply["result"]["blocking_errors"]] == ["HookBus"]
+    (reply,) = decisions(run_node(bus_settings, "decide", "PermissionRequest", context))
+    assert reply["result"]["action"]["decision"] == "Deny", reply
+    assert reply["result"]["overridden_by"] == "HookBus", reply
+    # 10,000 levels: JSON.stringify throws before anything is sent (the README says so).
+    keys = Keys(bus_settings.prefix)
+    with Redis.from_url(bus_settings.redis_url) as redis:
+        sent = redis.xlen(keys.decisions)
+        deeper = '{"a":' * 9_999 + "{}" + "}" * 9_999
+        command = [node(), str(NODE_CLI), "--url", bus_settings.redis_url, "--prefix",
+                   bus_settings.prefix, "decide", "PreToolUse",
+                   f'{{"session_id":"s1","tool_name":"act","tool_args":{deeper}}}']  # fmt: skip
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "call stack" in proc.stderr, proc
+        assert redis.xlen(keys.decisions) == sent
 
 
 # -- shell (redis-cli only) --------------------------------------------------------------------

@@ -9,18 +9,36 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.asyncio import Redis
 
-from bus import AsyncAgentHook, HookEvent
-from bus.errors import ProtocolError
-from bus.protocol import decode, decode_context
+from agent_adapter.client import HookClient
+from bus import (
+    AsyncAgentHook,
+    HookEvent,
+    HookSettings,
+    Override,
+    PermissionDecision,
+    PermissionRequestContext,
+    PostToolUseContext,
+    PreToolUseContext,
+)
+from bus.errors import LimitError, ProtocolError
+from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
+from bus.limits import MAX_CONTEXT_DEPTH, MAX_DEPTH, check, shape, top_level
+from bus.protocol import DecisionReply, decode, decode_context, decode_head, new_id, now_ms
 from bus.schema import MESSAGES
 from bus.settings import BusSettings
-from tests.remote_hooks import HookConfig, Scripted
+from tests.harness import Processes, wait_for, wait_live, worker_env
+from tests.remote_hooks import AsyncConfig, HookConfig, Scripted
+from workers.replay import replay_dead_letters
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -34,6 +52,114 @@ VALID_REQUEST = {
     "context": {"session_id": "s", "tool_name": "t", "tool_args": {}}, "deadline": 1,
     "reply_to": "x:inbox:y",
 }  # fmt: skip
+
+
+# Strings full of what a depth scanner could mistake for structure.
+tricky_text = st.text(alphabet=st.sampled_from('[]{}"\\:,/ a\n\u00e9\U0001f600'), max_size=12)
+tricky_values = st.recursive(
+    st.none() | st.integers() | tricky_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(tricky_text, inner, max_size=3),
+    max_leaves=20,
+)
+
+
+def reference_shape(value: Any) -> tuple[int, int]:
+    """Depth and number of containers of a Python JSON value, walked with an explicit stack."""
+    depth = containers = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            containers += 1
+            depth = max(depth, level)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return depth, containers
+
+
+def nested(depth: int, leaf: Any = None) -> Any:
+    """``[[…[leaf]…]]``, ``depth`` arrays deep (built without recursion)."""
+    value = [] if leaf is None else [leaf]
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def deep_json(depth: int, opener: bytes = b"[") -> bytes:
+    closer = b"]" if opener == b"[" else b"}"
+    inner = b'{"a":' if opener == b"{" else b"["
+    return inner * (depth - 1) + b"[]" + closer * (depth - 1)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(value=tricky_values, compact=st.booleans())
+def test_the_depth_scanner_agrees_with_a_walk_of_the_value(value: Any, compact: bool) -> None:
+    """Escapes, quotes and brackets inside strings never count; both encoders' output."""
+    data = msgspec.json.encode(value) if compact else json.dumps(value, indent=1).encode()
+    assert shape(data) == reference_shape(value)
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 980, 1_000, 100_000])
+@pytest.mark.parametrize("kind", sorted(MESSAGES))
+def test_every_decoder_refuses_deep_nesting_with_the_limit_named(kind: str, depth: int) -> None:
+    """msgspec would raise RecursionError from about 980 levels; here no parser is reached."""
+    for data in (
+        deep_json(depth),
+        deep_json(depth, b"{"),
+        b'{"v":1,"id":"x","extra":' + deep_json(depth) + b"}",
+        b"[" * depth,  # never closed
+    ):
+        with pytest.raises(LimitError, match=r"the limit is 128 \(MAX_DEPTH\)"):
+            decode(data, MESSAGES[kind])
+
+
+@pytest.mark.parametrize("event", list(HookEvent))
+def test_every_context_decoder_refuses_deep_nesting(event: HookEvent) -> None:
+    for depth in (MAX_CONTEXT_DEPTH + 1, 1_000, 100_000):
+        data = b'{"session_id":"s","tool_name":"t","tool_args":{"a":' + deep_json(depth) + b"}}"
+        with pytest.raises(LimitError, match="MAX_CONTEXT_DEPTH") as caught:
+            decode_context(event, data)
+        assert caught.value.field == "$.context"
+
+
+def test_a_message_within_the_bounds_decodes() -> None:
+    args = {"a": nested(MAX_CONTEXT_DEPTH - 2, "[[{{")}
+    data = json.dumps({**VALID_REQUEST, "context": {**VALID_REQUEST["context"], "tool_args": args}})
+    request = decode(data.encode(), MESSAGES["HookRequest"])
+    ctx = decode_context(request.event, request.context)
+    check(data.encode(), "HookRequest")
+    assert reference_shape(ctx.tool_args)[0] == MAX_CONTEXT_DEPTH - 1
+
+
+def test_nesting_without_a_long_run_of_openers_is_measured_exactly() -> None:
+    """``{"x":[],"a":{"x":[],"a":…}}``: no 129 openers in a row, still 200 levels deep."""
+    data = b'{"x":[],"a":' * 199 + b"{}" + b"}" * 199
+    assert shape(data) == (200, 399)
+    with pytest.raises(LimitError, match=r"nests 200 levels deep; the limit is 128"):
+        decode(data, MESSAGES["EventMessage"])
+
+
+def test_too_many_containers_is_refused() -> None:
+    data = b"[" + b",".join([b"[]"] * 100_001) + b"]"
+    with pytest.raises(LimitError, match=r"100002 arrays and objects; the limit is 100000"):
+        decode(data, MESSAGES["EventMessage"])
+
+
+def test_the_head_of_a_message_too_deep_to_decode_is_still_read() -> None:
+    """What the services use to answer a refused request: its top-level scalars only."""
+
+    class Head(msgspec.Struct):
+        id: str = ""
+        reply_to: str = ""
+
+    for depth in (200, 100_000):
+        data = (
+            b'{"id":"r-1","context":{"tool_args":' + deep_json(depth) + b"},"
+            b'"note":"}]{[\\"","reply_to":"p:inbox:a"}'
+        )
+        assert decode_head(data, Head) == Head(id="r-1", reply_to="p:inbox:a")
+        assert top_level(b'{"id":"r","c":' + b"[" * depth) == b'{"id":"r","c":null'
+    assert decode_head(b"[" * 100_000, Head) is None
 
 
 @st.composite
@@ -105,6 +231,7 @@ class Trail(AsyncAgentHook):
         assert all(r.kind in ("shadowed", "breakglass") for r in records)
 
 
+@pytest.mark.timeout(300)  # 1,500 examples of five services each: about a minute, more under load
 @settings(
     max_examples=1500,
     deadline=None,
@@ -132,3 +259,301 @@ def test_service_entry_points_never_crash(bus_settings: BusSettings, data: list[
                 await redis.aclose()
 
     asyncio.run(feed())
+
+
+# -- real processes: nesting up to 100,000 levels on every stream any role reads ---------------
+
+DEPTHS = (MAX_CONTEXT_DEPTH + 1, MAX_DEPTH + 1, 980, 1_000, 10_000, 100_000)
+RAW_DEPTHS = DEPTHS[1:]  # deeper than any message may be: poison to every reader
+
+
+def poison(depth: int, envelope: dict[str, Any]) -> list[dict[bytes, bytes]]:
+    """Entries no reader can use, each nested ``depth`` levels somewhere: bare, unterminated,
+    inside an otherwise valid message's context and under an unknown field."""
+    head = json.dumps(envelope)[:-1].encode()
+    ctx = b'"context":{"session_id":"s","tool_name":"t","tool_args":{"a":' + deep_json(depth)
+    return [
+        {b"data": deep_json(depth)},
+        {b"data": b'{"a":' * depth},
+        {b"data": head + b"," + ctx + b"}}}"},
+        {b"data": head + b',"junk":' + deep_json(depth, b"{") + b"}"},
+    ]
+
+
+async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Any
+) -> None:
+    """Every role as its own process: sync hooks (one answering values nested 100,000 levels
+    deep), two async hooks (one following the audit trail), the coordinator service. An agent
+    dispatches contexts nested up to 100,000 levels in tool arguments, tool output and
+    metadata while raw entries nested as deep are written straight to every stream any role
+    reads. No process exits; every entry is acknowledged, dead-lettered exactly once per
+    group; every dispatch is decided within its deadline; uninspectable input is Blocked or
+    Denied."""
+    keys = Keys(bus_settings.prefix)
+    procs.scripted(
+        bus_settings,
+        HookConfig(
+            name="Guard", answers={"PermissionRequest": _allow()}, record=str(tmp_path / "g")
+        ),
+    )
+    procs.worker(
+        bus_settings, "tests.remote_hooks:DeepAnswers", "Deep",
+        HOOKBUS_TEST_NAME="Deep", HOOKBUS_TEST_DEPTH="100000",
+    )  # fmt: skip
+    procs.worker(
+        bus_settings, "tests.remote_hooks:DeepAnswers", "Edge",
+        HOOKBUS_TEST_NAME="Edge", HOOKBUS_TEST_DEPTH="126",
+    )  # fmt: skip
+    ledger = AsyncConfig(name="Ledger", record=str(tmp_path / "ledger"))
+    procs.worker(
+        bus_settings, "tests.remote_hooks:ScriptedAsync", "Ledger",
+        HOOKBUS_TEST_ASYNC=msgspec.json.encode(ledger).decode(),
+    )  # fmt: skip
+    procs.worker(
+        bus_settings, "workers.audit:AsyncAuditLogHook", "Audit",
+        HOOKBUS_AUDIT_DB=str(tmp_path / "audit.db"),
+    )  # fmt: skip
+    procs.start(["coordinator"], worker_env(bus_settings, HOOKBUS_REFRESH_SECS="0.2"), "coord")
+    redis = Redis.from_url(bus_settings.redis_url)
+    client = await HookClient(bus_settings, HookSettings(hook_timeout_secs=5)).start()
+    try:
+        await wait_live(client, "Guard", "Deep", "Edge")
+
+        async def async_hooks_ready() -> bool:
+            return all(
+                [await redis.zcard(keys.replicas(n)) for n in ("Ledger", "AsyncAuditLogHook")]
+            )
+
+        await wait_for(async_hooks_ready, timeout=30, what="the async hooks")
+
+        async def service_ready() -> bool:  # it has made its group
+            return bool(await redis.exists(keys.decisions))
+
+        await wait_for(service_ready, what="the coordinator service")
+
+        # 1. Raw entries straight to every stream any role reads.
+        request = {**VALID_REQUEST, "hook": "Guard", "reply_to": keys.inbox("nobody")}
+        event = {"v": 1, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
+        audit = {"v": 1, "id": "a", "ts": 1, "kind": "shadowed"}
+        decision = {"v": 1, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
+        streams = {
+            keys.requests("Guard"): (request, [WORKERS_GROUP]),
+            keys.requests("Deep"): ({**request, "hook": "Deep"}, [WORKERS_GROUP]),
+            keys.events: (event, ["Ledger", "AsyncAuditLogHook"]),
+            keys.replay("Ledger"): (event, ["Ledger"]),
+            keys.replay("AsyncAuditLogHook"): (event, ["AsyncAuditLogHook"]),
+            keys.audit: (audit, ["AsyncAuditLogHook"]),
+            keys.decisions: (decision, [COORDINATORS_GROUP]),
+        }
+        written: dict[str, list[bytes]] = {}
+        for stream, (envelope, _) in streams.items():
+            entries = [p for d in RAW_DEPTHS for p in poison(d, envelope)] + [{b"other": b"x"}]
+            written[stream] = [await redis.xadd(stream, fields) for fields in entries]
+        # A reply nested 100,000 levels deep in the agent's own inbox.
+        deep_reply = b'{"v":1,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
+            b'{"type":"Metadata","key":"k","value":' + deep_json(100_000) + b"}}"
+        )
+        await redis.rpush(client.inbox, deep_reply)
+
+        # 2. Meanwhile an agent dispatches, in process and through the coordinator service.
+        timings: list[float] = []
+
+        async def timed(coro: Any) -> Any:
+            t0 = time.monotonic()
+            result = await coro
+            timings.append(time.monotonic() - t0)
+            return result
+
+        deep_args = {"deep": nested(100_000)}
+        for depth in DEPTHS:
+            args = {"deep": nested(depth)}
+            result = await timed(client.run_pre_tool_use(_pre(args)))
+            assert result.is_blocked and result.blocking_errors[0].hook_name == "HookBus", depth
+            perm = PermissionRequestContext(session_id="s", tool_name="t", tool_args=args)
+            result = await timed(client.run_on_permission_request(perm))
+            assert result.action.decision == PermissionDecision.DENY, depth
+        ok = await timed(client.run_pre_tool_use(_pre({"x": 1})))
+        assert (
+            not ok.is_blocked
+        )  # Guard allowed it; Deep's 100,000-deep answer failed, Edge's did not
+        assert [(s.hook_name, s.kind) for s in ok.skipped] == [("Deep", "error")]
+        assert "MAX_DEPTH" in ok.skipped[0].detail and ok.final_args == {"deep": nested(125)}
+        text = deep_json(100_000).decode()[:90_000]  # tool output: nesting as text is just text
+        post = PostToolUseContext(session_id="s", tool_name="t", output_content=text)
+        result = await timed(client.run_post_tool_use(post))
+        assert result.final_content == text and result.metadata == {"deep": nested(126)}
+        assert [(s.hook_name, s.kind) for s in result.skipped] == [("Deep", "error")]
+        post = PostToolUseContext(session_id="s", tool_name="t", tool_args=deep_args)
+        result = await timed(client.run_post_tool_use(post))
+        assert result.final_content.startswith("[output withheld by HookBus")
+
+        # Foreign agents: the coordinator service decides uninspectable input the same way.
+        inbox = keys.inbox(f"fuzz-{new_id()[:6]}")
+        asked: dict[str, str] = {}
+        for depth in (MAX_CONTEXT_DEPTH + 1, 1_000, 100_000):
+            for kind in ("PreToolUse", "PermissionRequest", "PostToolUse"):
+                rid = new_id()
+                asked[rid] = kind
+                body = json.dumps(
+                    {"v": 1, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
+                     "timeout_ms": 5000}
+                )[:-1].encode()  # fmt: skip
+                data = body + b"," + poison(depth, {})[2][b"data"][2:]
+                await redis.xadd(keys.decisions, {"data": data})
+        rid = new_id()
+        asked[rid] = "fine"
+        fine = {"session_id": "s", "tool_name": "t", "output_content": "[{" * 1000}
+        await redis.xadd(keys.decisions, {"data": json.dumps(
+            {"v": 1, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
+             "timeout_ms": 5000, "context": fine})})  # fmt: skip
+        answered: dict[str, Any] = {}
+        t0 = time.monotonic()
+        while len(answered) < len(asked):
+            popped = await redis.blpop([inbox], timeout=10)
+            assert popped is not None, f"unanswered: {set(asked) - set(answered)}\n{procs.logs()}"
+            reply = decode(popped[1], DecisionReply)
+            answered[reply.request_id] = reply
+            timings.append(time.monotonic() - t0)
+        for rid, kind in asked.items():
+            reply = answered[rid]
+            assert reply.status == "ok", reply
+            if kind == "PreToolUse":
+                assert reply.result["action"]["type"] == "Block", reply
+                assert "no hook could inspect it" in reply.result["action"]["reason"]
+            elif kind == "PermissionRequest":
+                assert reply.result["action"]["decision"] == "Deny", reply
+                assert reply.result["overridden_by"] == "HookBus", reply
+            elif kind == "PostToolUse":
+                assert reply.result["final_content"].startswith("[output withheld"), reply
+            else:  # Edge's Metadata fits its reply (128 levels), not the decision (129)
+                assert reply.result["final_content"].startswith("[output withheld"), reply
+                assert "MAX_DEPTH" in reply.result["final_content"]
+
+        # 3. Nothing stuck: every group on every stream has read and acknowledged everything.
+        async def settled() -> bool:
+            for stream, (_, groups) in streams.items():
+                info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
+                for group in groups:
+                    g = info.get(group)
+                    if g is None or g["pending"] or g["lag"]:
+                        return False
+            return True
+
+        await wait_for(settled, timeout=60, what="every entry acknowledged")
+        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        for stream, (_, groups) in streams.items():
+            mine = [f for f in letters if f[b"source"] == stream.encode()]
+            per_entry: dict[bytes, int] = {}
+            for f in mine:
+                if b"entry_id" in f:
+                    per_entry[f[b"entry_id"]] = per_entry.get(f[b"entry_id"], 0) + 1
+            for entry_id in written[stream]:
+                assert per_entry.get(entry_id) == len(groups), (stream, entry_id, per_entry)
+        assert client.stats["malformed_replies"] == 1 and client.stats["refused"] == 13
+        # Re-fed dead letters (hookbus replay --dlq) are dead-lettered again, once each.
+        refed = await replay_dead_letters(redis, keys, "Ledger")
+        assert refed == len(written[keys.events]) + len(written[keys.replay("Ledger")])
+        await wait_for(settled, timeout=60, what="re-fed dead letters acknowledged")
+        again = [
+            f for _, f in await redis.xrange(keys.dlq)
+            if f[b"source"] == keys.replay("Ledger").encode() and f[b"hook"] == b"Ledger"
+        ]  # fmt: skip
+        assert len(again) == refed
+        assert all(p.poll() is None for p in procs.procs), procs.logs()
+        assert max(timings) < 5, timings  # each within its deadline (hook timeout 5 s)
+        print(
+            f"{sum(map(len, written.values()))} raw entries on {len(streams)} streams, "
+            f"{len(letters)} dead letters, 0 pending; {len(timings)} decisions, slowest "
+            f"{max(timings):.3f} s; {client.stats['refused']} refused in process, "
+            f"{sum(k != 'fine' for k in asked.values())} by the service; "
+            f"{len(procs.procs)} processes, 0 exited"
+        )
+    finally:
+        await client.close()
+        await redis.aclose()
+
+
+def _allow() -> Override:
+    return Override(decision=PermissionDecision.ALLOW, reason="fine")
+
+
+def _pre(args: dict[str, Any]) -> PreToolUseContext:
+    return PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
+
+
+def flood(i: int, envelope: dict[str, Any]) -> dict[bytes, bytes]:
+    """The i-th of a mix of poison entries: too deep, malformed JSON, wrong types, no data."""
+    kinds = [
+        lambda: {b"data": deep_json(1_000 + i)},
+        lambda: {b"data": b'{"v":1,"id":' + str(i).encode()},
+        lambda: {b"data": json.dumps({**envelope, "ts": "never"}).encode()},
+        lambda: {b"data": json.dumps({**envelope, "junk": nested(200)}).encode()},
+        lambda: {b"other": str(i).encode()},
+    ]
+    return kinds[i % len(kinds)]()
+
+
+async def test_400_poison_messages_log_a_bounded_number_of_lines(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """400 poison entries each to a hook service, an async hook service and the coordinator
+    service: each is dead-lettered once, and each service writes a few lines (the first
+    failure of a kind, then one line with the count), never a traceback per message."""
+    keys = Keys(bus_settings.prefix)
+    procs.scripted(bus_settings, HookConfig(name="Sink"))
+    config = msgspec.json.encode(AsyncConfig(name="AsyncSink")).decode()
+    procs.worker(
+        bus_settings, "tests.remote_hooks:ScriptedAsync", "AsyncSink", HOOKBUS_TEST_ASYNC=config
+    )
+    procs.start(["coordinator"], worker_env(bus_settings), "coordinator")
+    redis = Redis.from_url(bus_settings.redis_url)
+    try:
+
+        async def groups_ready() -> bool:
+            return all([await redis.exists(k) for k in (keys.decisions, keys.requests("Sink"))])
+
+        await wait_for(groups_ready, timeout=30, what="the services' groups")
+        await wait_for(lambda: redis.zcard(keys.replicas("AsyncSink")), what="AsyncSink")
+        request = {**VALID_REQUEST, "hook": "Sink"}
+        event = {"v": 1, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
+        streams = {
+            keys.requests("Sink"): (request, WORKERS_GROUP),
+            keys.events: (event, "AsyncSink"),
+            keys.decisions: (
+                {"v": 1, "id": "d", "ts": 1, "event": "PreToolUse"},
+                COORDINATORS_GROUP,
+            ),
+        }
+        t0 = time.monotonic()
+        for stream, (envelope, _) in streams.items():
+            async with redis.pipeline(transaction=False) as pipe:
+                for i in range(400):
+                    pipe.xadd(stream, flood(i, envelope))
+                await pipe.execute()
+
+        async def all_dead_lettered() -> bool:
+            for stream, (_, group) in streams.items():
+                info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
+                if info[group]["pending"] or info[group]["lag"]:
+                    return False
+            return await redis.xlen(keys.dlq) >= 1200
+
+        await wait_for(all_dead_lettered, timeout=60, what="1,200 dead letters")
+        handled_in = time.monotonic() - t0
+        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        for stream in streams:
+            assert sum(f[b"source"] == stream.encode() for f in letters) == 400, stream
+        # The count of what was not logged line by line comes at the end of the interval.
+        await wait_for(
+            lambda: procs.logs().count("times in the last") >= 3, timeout=30, what="the counts"
+        )
+        assert all(p.poll() is None for p in procs.procs)
+        for path in sorted(procs.logdir.glob("*.log")):
+            lines = path.read_text().splitlines()
+            assert len(lines) < 20, (path.name, lines)
+            assert sum("Traceback" in line for line in lines) <= 1, (path.name, lines)
+        print(f"1,200 poison entries dead-lettered in {handled_in:.1f}s; log lines: "
+              f"{len(procs.logs().splitlines())}")  # fmt: skip
+    finally:
+        await redis.aclose()

@@ -164,10 +164,10 @@ def test_lag_shows_each_groups_lag_pending_and_consumers(
     out = ok(hookbus(bus_settings, "lag"))
     rows = table_rows(out)
     audit = rows[keys.events]
-    assert audit[1:4] == ["Audit", "4", "2"]
-    assert audit[4].endswith("s")  # the oldest pending entry's age
-    assert audit[5] == "1"
-    assert rows[keys.requests("Guard")][1:6] == [WORKERS_GROUP, "0", "0", "-", "0"]
+    assert audit[1:5] == ["Audit", "4", "2", "0"]  # lag, pending, lost
+    assert audit[5].endswith("s")  # the oldest pending entry's age
+    assert audit[6] == "1"
+    assert rows[keys.requests("Guard")][1:7] == [WORKERS_GROUP, "0", "0", "0", "-", "0"]
     assert "AT RISK" not in out
     # With a stream cap of 10 × 1, a backlog of 6 is past half of it.
     risky = table_rows(ok(hookbus(bus_settings, "lag", HOOKBUS_EVENTS_MAXLEN="1")))
@@ -336,6 +336,18 @@ def test_dlq_show_prints_every_field_and_the_data_as_pretty_json(
     assert missing.returncode == 1 and "no dead letter 1-1" in missing.stderr
     bad = hookbus(bus_settings, "dlq", "show", "yesterday")
     assert bad.returncode == 2 and "not a stream id" in bad.stderr
+
+
+def test_dlq_show_prints_a_poison_message_nested_100000_levels_as_text(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    """What no decoder could take is still shown: as text, not parsed (no RecursionError)."""
+    keys = Keys(bus_settings.prefix)
+    poison = "[" * 100_000 + "]" * 100_000
+    entry = r.xadd(keys.dlq, {"source": keys.events, "reason": "nests more", "data": poison})
+    out = ok(hookbus(bus_settings, "dlq", "show", entry.decode()))
+    assert "data:" in out and "data (JSON):" not in out
+    assert out.count("[") >= 100_000 and "Traceback" not in out
 
 
 def test_dlq_replay_refeeds_one_hooks_dead_letters(

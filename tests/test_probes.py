@@ -105,3 +105,35 @@ def test_a_bad_health_port_is_refused() -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "HOOKBUS_HEALTH_PORT=70000 is not a TCP port" in result.stderr
+
+
+@pytest.mark.redis
+def test_a_hook_service_whose_clock_is_off_is_alive_but_not_ready(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Its host's clock 5 s ahead of Redis's (libfaketime): the service corrects its deadlines,
+    but its pod is taken out of rotation until the clock is fixed, as worker --check says."""
+    from tests.faketime import faked
+
+    settings = BusSettings(redis_url=private_redis.url, prefix="skewed")
+    port = free_port()
+    log = (tmp_path / "service.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", *SERVICES["sync worker"]],
+        env=worker_env(settings, HOOKBUS_HEALTH_PORT=str(port), **faked("+5s")),
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    log.close()
+    try:
+        until(lambda: get(port, "/livez")[0] == 200, "alive", TIMEOUT)
+
+        def skewed() -> bool:
+            status, why = get(port, "/readyz")
+            return status == 503 and "clock" in why
+
+        until(skewed, "not ready: its clock", TIMEOUT, (tmp_path / "service.log").read_text)
+        status, why = get(port, "/readyz")
+        assert status == 503 and "ahead of Redis's, beyond the 1 s bound" in why, why
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(TIMEOUT)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from bus import (
     CONTINUE,
     Block,
+    HookEvent,
     HookRegistry,
     HookSettings,
     InjectContext,
@@ -24,6 +25,7 @@ from bus import (
     PermissionDecision,
     PermissionRequestContext,
     PermissionRequired,
+    PostToolUseContext,
     PreToolUseContext,
     PreToolUseResult,
 )
@@ -175,3 +177,73 @@ def test_failures_never_fail_a_dispatch_unless_policy_is_fail(
     enforcing = [name for name, p in failed if p == "fail"]
     assert result.is_blocked == bool(enforcing)
     assert [b.hook_name for b in result.blocking_errors] == enforcing
+
+
+DEPTHS = st.one_of(
+    st.integers(1, 200), st.sampled_from([62, 63, 64, 65, 126, 127, 980, 1_000, 10_000, 100_000])
+)
+
+
+class Allows(Recorder):
+    """Allows every permission request; continues otherwise."""
+
+    async def _answer(self, event: HookEvent, ctx: Any) -> Any:
+        self.calls.append((event, ctx))
+        return self.action if event == HookEvent.PERMISSION_REQUEST else CONTINUE
+
+
+def nested(depth: int) -> Any:
+    """``[[…[]…]]``, ``depth`` arrays deep (built without recursion)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@PROPS
+@given(
+    depth=DEPTHS,
+    policies=st.lists(st.sampled_from(["ignore", "fail"]), max_size=3),
+    modes=st.lists(st.sampled_from(["enforce", "warn", "dryrun"]), min_size=3, max_size=3),
+)
+def test_input_no_hook_could_inspect_is_never_approved(
+    depth: int, policies: list[str], modes: list[str]
+) -> None:
+    """Tool arguments nested 1 to 100,000 levels: within MAX_CONTEXT_DEPTH (64, so 62 inside
+    ``tool_args``) the hooks decide — here they all allow; past it PreToolUse is Blocked and
+    PermissionRequest Denied whatever the hooks' policies and modes, and no hook is called.
+    Tool output nested as deep is text, and always reaches the hooks."""
+    allow = Override(decision=PermissionDecision.ALLOW, reason="ok")
+
+    async def scenario() -> tuple[Any, Any, Any, list[Recorder]]:
+        reg = HookRegistry(HookSettings())
+        hooks: list[Recorder] = [
+            Allows(f"h{i}", allow, failure_policy=p, enforcement=modes[i])
+            for i, p in enumerate(policies)
+        ]
+        for h in hooks:
+            reg.add(h)
+        args = {"v": nested(depth)}
+        pre = await reg.run_pre_tool_use(
+            PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
+        )
+        perm = await reg.run_on_permission_request(
+            PermissionRequestContext(session_id="s", tool_name="t", tool_args=args)
+        )
+        text = "[" * depth + "]" * depth
+        post = await reg.run_post_tool_use(
+            PostToolUseContext(session_id="s", tool_name="t", output_content=text[:100_000])
+        )
+        return pre, perm, post, hooks
+
+    pre, perm, post, hooks = asyncio.run(scenario())
+    over = depth + 2 > 64  # the context is level 1, tool_args level 2
+    assert pre.is_blocked == over
+    assert (getattr(perm.action, "decision", None) == PermissionDecision.DENY) == over
+    if over:
+        assert "(MAX_CONTEXT_DEPTH)" in pre.action.reason and perm.overridden_by == "HookBus"
+        assert all([e for e, _ in h.calls] == [HookEvent.POST_TOOL_USE] for h in hooks)
+    else:  # the hooks decided: all allow (or, not enforcing, were not applied)
+        assert perm.action in (allow, CONTINUE)
+        assert all(len(h.calls) == 3 for h in hooks)
+    assert post.final_content.startswith("[" * min(depth, 1000))

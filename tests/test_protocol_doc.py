@@ -80,7 +80,7 @@ def named_hooks() -> tuple[dict[str, str], set[str]]:
     data: set[str] = set()
     for names, what in table(section("1.9"), "name (the `name` hooks register under)"):
         paths = [t for t in ticked(what) if MODULE_CLASS.fullmatch(t)]
-        if what.startswith("no class"):
+        if what.startswith("no class"):  # a data hook, or no hook at all ("HookBus", 5.6)
             data |= set(ticked(names))
             continue
         for name in ticked(names):

@@ -231,3 +231,83 @@ async def test_wrong_answer_type_is_a_failure(harness: Any) -> None:
     result = await runner.run_pre_tool_use(pre())
     assert [(s.hook_name, s.kind) for s in result.skipped] == [("confused", "error")]
     assert "Override" in result.skipped[0].detail
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """``{"a": {"a": … {}}}``, ``depth`` levels (built without recursion)."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+async def test_input_no_hook_could_inspect_is_refused_whatever_the_policies(
+    harness: Any, tmp_path: Any
+) -> None:
+    """Too deep, too large or not encodable: PreToolUse Blocked, PermissionRequest Denied,
+    output withheld, notifications reach no hook — though every hook would allow it and
+    every failure policy is "ignore". Brackets inside strings are text, not nesting."""
+    calls = tmp_path / "calls.txt"
+    runner = await harness.start(
+        hook(
+            "lenient",
+            0,
+            record=str(calls),
+            answers={
+                PERM: Override(decision=PermissionDecision.ALLOW, reason="fine"),
+                POST: Warn(message="seen"),
+            },
+        )
+    )
+    deep = nested(100_000)
+    result = await runner.run_pre_tool_use(pre(deep=deep))
+    assert result.is_blocked and [b.hook_name for b in result.blocking_errors] == ["HookBus"]
+    assert "the limit is 64 (MAX_CONTEXT_DEPTH)" in result.action.reason
+    result = await runner.run_pre_tool_use(pre(deep=nested(70)))
+    assert (
+        "nests more than 64 levels deep; the limit is 64 (MAX_CONTEXT_DEPTH)"
+        in result.action.reason
+    )
+    result = await runner.run_pre_tool_use(pre(blob="y" * 1_100_000))
+    assert result.is_blocked and "(MAX_CONTEXT_BYTES)" in result.action.reason
+    ctx = PermissionRequestContext(session_id="s1", tool_name="run_shell", tool_args=deep)
+    perm = await runner.run_on_permission_request(ctx)
+    assert perm.action.decision == PermissionDecision.DENY and perm.overridden_by == "HookBus"
+    assert "MAX_CONTEXT_DEPTH" in perm.action.reason
+    post = PostToolUseContext(session_id="s1", tool_name="t", tool_args=deep, output_content="x")
+    result = await runner.run_post_tool_use(post)
+    assert result.final_content.startswith("[output withheld by HookBus")
+    sub = SubagentStartContext(parent_session_id="s1", subagent_name="r", prompt="\udc80")
+    started = await runner.run_on_subagent_start(sub)
+    assert started.called == () and started.skipped == ()
+    assert runner.refusals == 6
+    assert not calls.exists()  # no hook was shown any of it
+    # Nesting inside strings is text: the hook sees it and answers.
+    text = "[{" * 40_000
+    post = PostToolUseContext(
+        session_id="s1", tool_name="t", tool_args=nested(60), output_content=text
+    )
+    result = await runner.run_post_tool_use(post)
+    assert result.final_content == text and result.warnings == ("seen",)
+    assert calls.read_text().split()[0] == POST
+
+
+async def test_an_answer_too_deep_to_send_fails_its_hook(harness: Any) -> None:
+    """Embedded or not, an answer whose reply would nest past MAX_DEPTH fails its hook (under
+    its policy) with the same reason; one that fits is applied."""
+    runner = await harness.start(
+        hook("deep", 0, answers={POST: Metadata(key="m", value=nested(200))}),
+        hook("fits", 1, answers={POST: Metadata(key="n", value=nested(126))}),
+        hook(
+            "strict", 2, failure_policy="fail", answers={PRE: MutateInput(updated_args=nested(300))}
+        ),
+    )
+    result = await runner.run_post_tool_use(PostToolUseContext(session_id="s1", tool_name="t"))
+    assert [(s.hook_name, s.kind) for s in result.skipped] == [("deep", "error")]
+    assert result.skipped[0].detail == (
+        "the hook's answer could not be sent: HookReply nests more than 128 levels deep; "
+        "the limit is 128 (MAX_DEPTH)"
+    )
+    assert result.metadata == {"n": nested(126)}
+    blocked = await runner.run_pre_tool_use(pre())
+    assert blocked.is_blocked and "hook strict failed: the hook's answer" in blocked.action.reason

@@ -60,6 +60,7 @@ from bus.protocol import (
     now_ms,
     retired_hook,
 )
+from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     UNREACHABLE,
     Entry,
@@ -74,6 +75,7 @@ from bus.settings import BusSettings, HookSettings
 from workers.probes import Health
 
 log = logging.getLogger("hookbus.async")
+_failures = RateLimitedLog(log)
 FAILURE_TTL_SECS = 86_400
 _DATA = DATA_FIELD.encode()
 T = TypeVar("T")
@@ -133,7 +135,7 @@ class AsyncHookWorker:
         self._gaps: list[Gap] = []  # settled by a read, not yet recorded (Redis failed)
         self._last_id: dict[str, str] = {}  # the newest id seen per stream, to wait past it
         self.registered = asyncio.Event()
-        self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
+        self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
         self._busy = asyncio.Lock()  # held while a batch runs (stopping waits for it)
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
@@ -235,6 +237,10 @@ class AsyncHookWorker:
                     )
                     await asyncio.sleep(0.5)
                     break
+                except Exception:  # left pending: claimed again, dead-lettered after retries
+                    _failures.error(
+                        "a batch of %s failed; it will be retried", stream, exc_info=True
+                    )
                 finally:
                     held.difference_update(entry_id for entry_id, _ in entries)
 
@@ -274,7 +280,10 @@ class AsyncHookWorker:
         )
         if gap:
             self._gaps.append(gap)
-        await self._record_gaps()
+        try:
+            await self._record_gaps()
+        except UNREACHABLE as exc:  # the entries read are handled; the keep-alive retries
+            log.warning("could not record entries lost yet (%s); retrying", exc)
         return entries
 
     async def _record_gaps(self) -> None:
@@ -295,7 +304,15 @@ class AsyncHookWorker:
         decoded, dead, acks = self._decode(stream, entries, _event_of)
         todo: list[tuple[bytes, DeliveredEvent]] = []
         for entry_id, (message, ctx) in decoded:
-            if not self._wants(message.event, ctx):
+            try:
+                wanted = self._wants(message.event, ctx)
+            except Exception as exc:  # no event can stop the batch: it is a dead letter
+                reason = f"could not be matched: {type(exc).__name__}: {exc}"
+                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
+                dead.append(dead_letter_entry(stream, reason, b"", **extra))
+                acks.append(entry_id)
+                continue
+            if not wanted:
                 self.stats["skipped"] += 1
                 acks.append(entry_id)
                 continue
@@ -356,7 +373,12 @@ class AsyncHookWorker:
                 if data is None:
                     raise ProtocolError(f"entry has no {DATA_FIELD!r} field", "$")
                 parsed.append((entry_id, parse(data)))
-            except ProtocolError as exc:
+            except Exception as exc:  # ProtocolError, or anything else: a dead letter, once
+                if not isinstance(exc, ProtocolError):
+                    exc = ProtocolError(f"could not be decoded: {type(exc).__name__}: {exc}")
+                _failures.warning(
+                    "malformed entry %s of %s dead-lettered: %s", entry_id, stream, exc
+                )
                 extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
                 dead.append(dead_letter_entry(stream, str(exc), data or b"", **extra))
                 acks.append(entry_id)
@@ -468,7 +490,9 @@ class AsyncHookWorker:
                 pipe.xack(stream, self.group, *acks)
             await pipe.execute()
         for entry_id, why in failed.items():
-            log.warning("%s failed on %s (will retry): %s", self.group, entry_id.decode(), why)
+            _failures.warning(
+                "%s failed on %s (will retry): %s", self.group, entry_id.decode(), why
+            )
 
     # -- liveness, claiming, retention ---------------------------------------------------------
 
@@ -499,6 +523,8 @@ class AsyncHookWorker:
                 log.debug("claim skipped: %s", exc)
             except UNREACHABLE as exc:
                 log.debug("keep-alive failed: %s", exc)
+            except Exception:  # heartbeats, takeovers and retention outlive anything
+                _failures.error("keep-alive pass failed", exc_info=True)
             await asyncio.sleep(interval)
 
     async def _keep(self, stream: str) -> None:
@@ -589,7 +615,9 @@ class AsyncHookWorker:
                     deliveries=str(n),
                 )
             )
-            log.error("%s gave up on %s after %d deliveries: %s", self.group, entry_id, n, why)
+            _failures.error(
+                "%s gave up on %s after %d deliveries: %s", self.group, entry_id, n, why
+            )
         self.stats["dead_lettered"] += len(dead)
         telemetry.count_dead_letters(self.group, len(dead))
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -44,6 +44,7 @@ from bus import (
 )
 from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
 from bus.breakglass import BreakGlass
+from bus.errors import LimitError
 from bus.events import HookContext, session_of, tool_of
 from bus.settings import env_value
 from workers.audit import DEFAULT_AUDIT_DB
@@ -423,6 +424,13 @@ class AuditLogHook(AgentHook):
         )  # fmt: skip
         self._submit((*row, _utc_now()))
 
+    def record_refused(
+        self, session_id: str, event: str, tool_name: str | None, reason: str
+    ) -> None:
+        """Queue a ``REFUSED`` row: a dispatch whose context no hook could be shown."""
+        row = (session_id, event, tool_name, "REFUSED", reason[:AUDIT_PREVIEW_CHARS], 0)
+        self._submit((*row, _utc_now()))
+
     def record_breakglass(self, glass: BreakGlass, on: bool) -> None:
         """Queue a ``BREAKGLASS_ON``/``BREAKGLASS_OFF`` row: who, why, until when."""
         until = dt.datetime.fromtimestamp(glass.until_ms / 1000, dt.UTC).isoformat()
@@ -506,6 +514,14 @@ class BuiltinRegistry(HookRegistry):
         tool, _ = tool_of(ctx)
         for answer, reason in answers:
             self.audit_log.record_shadowed(session_of(ctx), event.value, tool, answer, reason)
+
+    def refused(self, event: HookEvent, ctx: HookContext, error: LimitError) -> None:
+        """A refused dispatch (no hook could be shown its context) gets an audit row too."""
+        super().refused(event, ctx, error)
+        tool, _ = tool_of(ctx)
+        self.audit_log.record_refused(
+            str(session_of(ctx))[:300], event.value, str(tool)[:300] if tool else None, str(error)
+        )
 
     def break_glass(self, reason: str, seconds: float, by: str = "agent") -> BreakGlass:
         glass = super().break_glass(reason, seconds, by)

@@ -17,17 +17,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
 from redis.exceptions import RedisError
 
 from bus import telemetry
+from bus.aggregation import refusal
 from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.coordinator import Coordinator, dispatch_source
 from bus.dispatch import deadline_cap
-from bus.errors import InvalidInputError, ProtocolError
+from bus.errors import InvalidInputError, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent
 from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
@@ -36,13 +37,16 @@ from bus.protocol import (
     DecisionRequest,
     decode,
     decode_context,
+    decode_head,
     encode,
     new_id,
     now_ms,
 )
+from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     UNREACHABLE,
     Entry,
+    Settled,
     consume,
     dead_letter,
     ensure_group,
@@ -55,6 +59,16 @@ from workers.probes import Health
 from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
+_failures = RateLimitedLog(log)
+#: Round trips of its own a replica has in flight at most (redis-py's pool holds 100).
+IO_SLOTS = 32
+#: Events whose result decides something: a result that cannot be sent becomes a refusal.
+_DECIDING = (
+    HookEvent.PRE_TOOL_USE,
+    HookEvent.PERMISSION_REQUEST,
+    HookEvent.POST_TOOL_USE,
+    HookEvent.POST_TOOL_USE_FAILURE,
+)
 
 
 class _ReplyTo(msgspec.Struct):
@@ -62,6 +76,14 @@ class _ReplyTo(msgspec.Struct):
 
     id: str = ""
     reply_to: str = ""
+
+
+class _Head(_ReplyTo):
+    """Enough of a request too deep or too large to decode to decide it."""
+
+    event: str = ""
+    ts: int = 0
+    timeout_ms: int = 30_000
 
 
 class Asked(Protocol):
@@ -102,7 +124,7 @@ async def decide(
     *,
     source: str = "",
     sent_ms: int | None = None,
-    now: Callable[[], int] = now_ms,
+    now: Callable[[], int] | None = None,
 ) -> DecisionReply | None:
     """Dispatch one decision request with ``coordinator``: the reply to send back.
 
@@ -113,10 +135,11 @@ async def decide(
     its failure policy rather than failing the whole decision; only a dispatch still not done at
     the expiry (an overloaded service) gets the error reply "no decision within timeout_ms".
     ``source`` names who asked (the gateway's tenant) on the published event and audit records.
-    ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``.
+    ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``
+    (default: Redis's, as the coordinator estimates it; bus/clock.py).
     """
     start = request.ts if sent_ms is None else sent_ms
-    timeout = (start + request.timeout_ms - now()) / 1000
+    timeout = (start + request.timeout_ms - (now or coordinator.clock.now_ms)()) / 1000
     if timeout <= 0:
         return None
     cap = deadline_cap.set(asyncio.get_running_loop().time() + timeout * 0.95)
@@ -147,6 +170,16 @@ async def decide(
         deadline_cap.reset(cap)
 
 
+def refused_reply(request_id: str, event: HookEvent, error: LimitError) -> DecisionReply:
+    """The reply to a decision request whose context no hook could be shown (``read_request``
+    raised LimitError): the refusal's result (protocol.md 5.6), never an error the agent could
+    take for "no objection"."""
+    result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(error))
+    return DecisionReply(
+        id=new_id(), ts=now_ms(), request_id=request_id, event=event, result=result
+    )
+
+
 class CoordinatorService:
     """One replica of the coordinator service."""
 
@@ -158,6 +191,7 @@ class CoordinatorService:
         self.stats = {
             "answered": 0,
             "rejected": 0,
+            "refused": 0,
             "dead_lettered": 0,
             "expired": 0,
             "claimed": 0,
@@ -166,6 +200,10 @@ class CoordinatorService:
         self.expired = ExpiredDrops(log, "decision requests")
         self._skew_logged_at = -1e9
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
+        self._settled = Settled()
+        # The service's own round trips at once (replies, dead letters, acknowledgements): a
+        # burst of requests, poison ones above all, must not exhaust the connection pool.
+        self._io = asyncio.Semaphore(IO_SLOTS)
         self.ready = asyncio.Event()
         self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
 
@@ -214,9 +252,9 @@ class CoordinatorService:
         )
 
     def _start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        if entry_id in self._in_flight:
+        if entry_id in self._in_flight or entry_id in self._settled:
             return
-        task = asyncio.create_task(self._answer(entry_id, fields))
+        task = asyncio.create_task(self._answer_safely(entry_id, fields))
         self._in_flight[entry_id] = task
         task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
 
@@ -253,16 +291,48 @@ class CoordinatorService:
                     self.coordinator.id,
                     self._in_flight,
                     idle_ms,
+                    dlq=self.keys.dlq,
                 ):
                     self.stats["claimed"] += 1
-                    log.info("took over decision request %s from a silent replica", entry_id)
+                    _failures.info("took over decision request %s from a silent replica", entry_id)
                     self._start(entry_id, fields)
             except UNREACHABLE as exc:
                 log.debug("claiming failed: %s", exc)
+            except Exception:  # claiming outlives anything
+                _failures.error("claim pass failed", exc_info=True)
             self.expired.tick()
             await asyncio.sleep(
                 min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
             )
+
+    async def _answer_safely(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        """``_answer``; anything it raises besides Redis being away makes the request a dead
+        letter, acknowledged once: no request stops this replica or comes back forever."""
+        try:
+            await self._answer(entry_id, fields)
+        except UNREACHABLE as exc:  # left pending: taken over or retried once Redis is back
+            _failures.warning("decision request %s not answered: %s", entry_id.decode(), exc)
+        except Exception as exc:
+            self.stats["dead_lettered"] += 1
+            _failures.error(
+                "decision request %s could not be answered; dead-lettered: %r",
+                entry_id.decode(),
+                exc,
+                exc_info=True,
+            )
+            data = (fields or {}).get(DATA_FIELD.encode(), b"")
+            why = f"could not be answered: {type(exc).__name__}: {exc}"
+            async with self._io:
+                await dead_letter(
+                    self.redis,
+                    self.keys,
+                    self.keys.decisions,
+                    why,
+                    data,
+                    entry_id=entry_id.decode(),
+                )
+            with contextlib.suppress(*UNREACHABLE):
+                await self._ack(entry_id)
 
     async def _answer(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
@@ -272,25 +342,58 @@ class CoordinatorService:
                 raise ProtocolError(
                     f"reply_to must be a key under {self.keys.prefix}:inbox:", "$.reply_to"
                 )
+        except LimitError as exc:
+            await self._refuse(entry_id, data, exc)
+            return
         except InvalidInputError as exc:
             await self._reject(entry_id, data, exc)
             return
         sent = self._sent(entry_id, request)
-        reply = await decide(self.coordinator, request, ctx, sent_ms=sent, now=self._now)
+        reply = await decide(self.coordinator, request, ctx, sent_ms=sent)
         if reply is None:
             late = (self._now() - sent - request.timeout_ms) / 1000
             self.stats["expired"] += 1
             self.expired.drop(f"request {request.id} for {request.event}, {late:.3f} s late")
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
-                await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+                await self._ack(entry_id)
             return
         await self._send(entry_id, request.reply_to, reply)
         self.stats["answered"] += 1
 
+    async def _refuse(self, entry_id: bytes, data: bytes, exc: LimitError) -> None:
+        """A request whose context no hook could be shown (too large, too deep): decided at once
+        as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
+        whatever the hooks' policies, and recorded as a dead letter. A request whose event or
+        reply_to cannot be read is rejected as any other malformed one."""
+        # Reading the head of a message over the bounds walks all of it (up to ~0.2 s for a
+        # megabyte of small strings): off the event loop, so that other decisions go on.
+        head = await asyncio.to_thread(decode_head, data, _Head)
+        try:
+            event = HookEvent(head.event) if head is not None else None
+        except ValueError:
+            event = None
+        if head is None or event is None or not self.keys.is_inbox(head.reply_to):
+            await self._reject(entry_id, data, exc, head or _ReplyTo())
+            return
+        self.stats["refused"] += 1
+        _failures.warning("refused decision request %s: %s", entry_id.decode(), exc)
+        why = f"{event.value} refused: {exc}"
+        async with self._io:
+            await dead_letter(
+                self.redis, self.keys, self.keys.decisions, why, data, entry_id=entry_id.decode()
+            )
+        if head.ts and self._sent(entry_id, head) + head.timeout_ms < self._now():
+            self.stats["expired"] += 1
+            self.expired.drop(f"refused request {head.id} for {event.value}")
+            with contextlib.suppress(*UNREACHABLE):
+                await self._ack(entry_id)
+            return
+        await self._send(entry_id, head.reply_to, refused_reply(head.id, event, exc))
+
     def _now(self) -> int:
         return self.coordinator.clock.now_ms()
 
-    def _sent(self, entry_id: bytes, request: DecisionRequest) -> int:
+    def _sent(self, entry_id: bytes, request: DecisionRequest | _Head) -> int:
         """When the request's ``timeout_ms`` starts: its ``ts``, unless that is further than the
         clock bound from when Redis took it (the entry id's milliseconds, on Redis's clock): an
         agent whose clock is off must not have its requests dropped (or kept) by that error."""
@@ -315,35 +418,65 @@ class CoordinatorService:
             )
         return taken
 
-    async def _reject(self, entry_id: bytes, data: bytes, exc: InvalidInputError) -> None:
+    async def _reject(
+        self,
+        entry_id: bytes,
+        data: bytes,
+        exc: InvalidInputError,
+        head: _ReplyTo | None = None,
+    ) -> None:
         field = exc.field if isinstance(exc, ProtocolError) else ""
         self.stats["rejected"] += 1
-        log.warning("rejected decision request %s: %s", entry_id.decode(), exc)
-        try:
-            head = msgspec.json.decode(data, type=_ReplyTo)
-        except msgspec.DecodeError:
-            head = _ReplyTo()
+        _failures.warning("rejected decision request %s: %s", entry_id.decode(), exc)
+        if head is None:  # within the bounds (else read by _refuse): cheap to read
+            head = decode_head(data, _ReplyTo) or _ReplyTo()
         if self.keys.is_inbox(head.reply_to):
             reply = DecisionReply(
                 id=new_id(),
                 ts=now_ms(),
                 request_id=head.id,
                 status="error",
-                error=str(exc),
-                field=field,
+                error=str(exc)[:4000],
+                field=field[:300],
             )
             await self._send(entry_id, head.reply_to, reply)
         else:
             self.stats["dead_lettered"] += 1
-            await dead_letter(self.redis, self.keys, self.keys.decisions, str(exc), data)
-            await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+            async with self._io:
+                await dead_letter(
+                    self.redis,
+                    self.keys,
+                    self.keys.decisions,
+                    str(exc),
+                    data,
+                    entry_id=entry_id.decode(),
+                )
+            await self._ack(entry_id)
 
-    async def _send(self, entry_id: bytes, reply_to: str, reply: Any) -> None:
+    async def _ack(self, entry_id: bytes) -> None:
+        async with self._io:
+            await self.redis.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
+        self._settled.add(entry_id)
+
+    async def _send(self, entry_id: bytes, reply_to: str, reply: DecisionReply) -> None:
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(reply_to, encode(reply))
+            payload = encode(reply)
+        except LimitError as exc:
+            # A result too deep or too large to send (a hook's answer echoed in it): a deciding
+            # event gets the refusal instead, never an approval by default; others an error.
+            why = f"its result could not be sent: {exc}"
+            _failures.warning("decision %s %s", reply.request_id, why)
+            if reply.event in _DECIDING:
+                fallback = msgspec.structs.replace(reply, result=refusal(reply.event, why))
+            else:
+                fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
+            payload = encode(fallback)
+        try:
+            async with self._io, self.redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(reply_to, payload)
                 pipe.pexpire(reply_to, REPLY_TTL_MS)
                 pipe.xack(self.keys.decisions, COORDINATORS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
-            log.warning("could not answer %s: %s", reply.request_id, exc)
+            _failures.warning("could not answer %s: %s", reply.request_id, exc)

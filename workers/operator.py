@@ -9,6 +9,7 @@ makes it) and the Keys, and return plain data; the ``render_*`` helpers turn tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -25,7 +26,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from bus import limits
 from bus.breakglass import BreakGlass, switch
+from bus.clock import redis_ms
 from bus.coordinator import AUDIT_MAXLEN
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.hooks import MODES
@@ -44,7 +47,7 @@ from bus.protocol import (
     now_ms,
     retired_hook,
 )
-from bus.retention import HARD_CAP_FACTOR
+from bus.retention import hard_cap
 
 _DATA = DATA_FIELD.encode()
 _STREAM_ID = re.compile(r"^\d+(-\d+)?$")
@@ -105,7 +108,7 @@ async def list_hooks(
     """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``.
     ``modes=False``: do not read ``{p}:modes`` (a worker's health check may not), so every
     row shows its manifest's mode."""
-    now = now_ms() if now is None else now
+    now = await redis_ms(redis) if now is None else now  # heartbeats are on Redis's clock
     manifests: Any = await redis.hgetall(keys.hooks)
     overrides: Any = await redis.hgetall(keys.modes) if modes else {}
     mode_of = {_text(k): _text(v) for k, v in overrides.items()}
@@ -265,6 +268,10 @@ class GroupLag:
     consumers: int
     idle_secs: float | None  # how long the least idle consumer has been idle
     cap: int | None  # the stream's hard cap (entries beyond it are dropped), if any
+    #: Entries the hard cap cut before the group handled them: counted (``{p}:hook:{name}:lost``),
+    #: or cut and not yet counted (a gap before its next entry, or entries pending when cut).
+    #: Not part of ``lag`` and ``pending``: those no longer exist.
+    lost: int = 0
 
     @property
     def backlog(self) -> int:
@@ -282,13 +289,16 @@ async def consumer_lag(
     events_maxlen: int,
     requests_maxlen: int,
     now: int | None = None,
+    audit_maxlen: int | None = None,
 ) -> list[GroupLag]:
-    """Every group on ``{p}:events`` and on each sync hook's request stream.
-
-    Async hooks' replay streams are listed too, but only while they hold a backlog.
+    """Every group on ``{p}:events``, on the audit trail and on each sync hook's request
+    stream. Async hooks' replay streams are listed too, but only while they hold a backlog or
+    lost entries.
     """
-    now = now_ms() if now is None else now
-    out = await _stream_lag(redis, keys.events, HARD_CAP_FACTOR * events_maxlen, now)
+    now = await redis_ms(redis) if now is None else now  # stream ids are on Redis's clock
+    out = await _stream_lag(redis, keys, keys.events, hard_cap(events_maxlen), now)
+    audit_cap = AUDIT_MAXLEN if audit_maxlen is None else hard_cap(audit_maxlen)
+    out.extend(await _stream_lag(redis, keys, keys.audit, audit_cap, now))
     manifests: Any = await redis.hgetall(keys.hooks)
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
@@ -298,41 +308,77 @@ async def consumer_lag(
         except HookBusError:
             continue
         if kind == "sync":
-            rows = await _stream_lag(redis, keys.requests(name), requests_maxlen, now)
+            rows = await _stream_lag(redis, keys, keys.requests(name), requests_maxlen, now)
             out.extend(r for r in rows if r.group == WORKERS_GROUP)
         else:
-            rows = await _stream_lag(redis, keys.replay(name), None, now)
-            out.extend(r for r in rows if r.backlog)
+            rows = await _stream_lag(redis, keys, keys.replay(name), None, now)
+            out.extend(r for r in rows if r.backlog or r.lost)
     return out
 
 
-async def _stream_lag(redis: Redis, stream: str, cap: int | None, now: int) -> list[GroupLag]:
+def _stream_id(value: Any) -> tuple[int, int]:
+    ms, _, seq = _text(value).partition("-")
+    return int(ms), int(seq or 0)
+
+
+async def _stream_lag(
+    redis: Redis, keys: Keys, stream: str, cap: int | None, now: int
+) -> list[GroupLag]:
+    """The groups of one stream. What the hard cap cut is "lost", never lag or pending: the
+    count a hook service recorded (bus/retention.py), plus what it has not seen yet — the gap
+    between a group's last delivered entry and the stream's first (Redis counts entries added
+    and read), and pending entries older than the first."""
     try:
         groups: Any = await redis.xinfo_groups(stream)
+        info: Any = await redis.xinfo_stream(stream)
     except ResponseError:  # no such stream
         return []
+    length, added = int(info["length"]), int(info.get("entries-added") or 0)
+    first = _stream_id(info["recorded-first-entry-id"]) if length else None
+    last = _stream_id(info["last-generated-id"])
     out: list[GroupLag] = []
     for g in groups:
         name = _text(g["name"])
         pending = int(g["pending"])
         oldest: float | None = None
+        cut_pending = 0
         if pending:
             summary: Any = await redis.xpending(stream, name)
             if summary.get("min"):
                 oldest = _secs(now - _id_ms(_text(summary["min"])))
+            if first is None:
+                cut_pending = pending
+            elif _stream_id(summary["min"]) < first:
+                below = f"({first[0]}-{first[1]}"
+                cut: Any = await redis.xpending_range(stream, name, "-", below, pending)
+                cut_pending = len(cut)
+        lag = None if g.get("lag") is None else int(g["lag"])
+        gap = 0
+        if lag is not None and g.get("entries-read") is not None:
+            delivered = _stream_id(g["last-delivered-id"])
+            if first is None or delivered < first:
+                gap = max(0, added - int(g["entries-read"]) - length)
+            elif delivered == last:
+                gap = lag
+        counted = 0
+        if stream != keys.requests(name):  # a hook service's group: its recorded count
+            with contextlib.suppress(HookBusError):
+                counted = int(
+                    await redis.hget(keys.lost(check_name("hook name", name)), stream) or 0
+                )
         consumers: Any = await redis.xinfo_consumers(stream, name)
         idle = [int(c["idle"]) for c in consumers]
-        lag = g.get("lag")
         out.append(
             GroupLag(
                 stream=stream,
                 group=name,
-                lag=None if lag is None else int(lag),
-                pending=pending,
+                lag=None if lag is None else lag - gap,
+                pending=pending - cut_pending,
                 oldest_pending_secs=oldest,
                 consumers=len(consumers),
                 idle_secs=_secs(min(idle)) if idle else None,
                 cap=cap,
+                lost=counted + gap + cut_pending,
             )
         )
     return out
@@ -546,7 +592,7 @@ async def breakglass_on(
     redis: Redis, keys: Keys, reason: str, seconds: float, by: str
 ) -> BreakGlass:
     """Switch the bypass on for ``seconds`` (``{p}:breakglass`` with a TTL), recorded."""
-    glass = switch(reason, seconds, by, now_ms())
+    glass = switch(reason, seconds, by, await redis_ms(redis))  # coordinators use Redis's
     await _record_breakglass(redis, keys, glass, "on", by)  # recorded before it takes effect
     await redis.set(keys.breakglass, encode(glass), px=glass.until_ms - glass.since_ms)
     await _announce_breakglass(redis, keys)
@@ -638,7 +684,8 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
-_NUMERIC = {"priority", "timeout", "live", "last beat", "lag", "pending", "oldest pending"}
+_NUMERIC = {"priority", "timeout", "live", "last beat", "lag", "pending", "lost"}
+_NUMERIC |= {"oldest pending"}
 _NUMERIC |= {"consumers", "idle", "deliveries", "value"}
 
 
@@ -690,25 +737,29 @@ def render_lag(rows: list[GroupLag]) -> RenderableType:
         return Text("no consumer groups yet (no async hook has joined the events stream)")
     table = _table(
         "consumer groups",
-        "stream", "group", "lag", "pending", "oldest pending", "consumers", "idle", "note",
+        "stream", "group", "lag", "pending", "lost", "oldest pending", "consumers", "idle",
+        "note",
     )  # fmt: skip
     for r in rows:
-        note = ""
+        notes = []
+        if r.lost:
+            notes.append(f"LOST {r.lost}: cut by the stream cap before handled (see dlq list)")
         if r.at_risk:
-            note = f"AT RISK: backlog {r.backlog} past half the stream cap of {r.cap}"
+            notes.append(f"AT RISK: backlog {r.backlog} past half the stream cap of {r.cap}")
         elif r.consumers == 0 and r.backlog:
-            note = "no consumer"
+            notes.append("no consumer")
         _row(
             table,
             r.stream,
             r.group,
             "?" if r.lag is None else r.lag,
             r.pending,
+            r.lost,
             _ago(r.oldest_pending_secs),
             r.consumers,
             _ago(r.idle_secs),
-            note,
-            style="red" if r.at_risk else "",
+            "; ".join(notes),
+            style="red" if r.at_risk or r.lost else "",
         )
     return table
 
@@ -772,9 +823,10 @@ def render_dead_letter(letter: DeadLetter) -> RenderableType:
     for name, value in letter.fields.items():
         if name != "data":
             table.add_row(name, Text(value))
-    try:
+    try:  # a dead letter is often what no decoder could take: bounded before it is parsed
+        limits.check(letter.data.encode("utf-8", "surrogatepass"), "data")
         pretty = json.dumps(json.loads(letter.data), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return Group(table, Text("data:", style="bold"), Text(letter.data))
     return Group(table, Text("data (JSON):", style="bold"), Text(pretty))
 

@@ -3,8 +3,10 @@
 * ``GET /livez``: 200 while the service's event loop answers. It does not touch Redis, so a
   Redis outage never restarts a pod; only a process whose loop is stuck (or gone) fails it.
 * ``GET /readyz``: 200 while the service's last heartbeat reached Redis less than
-  ``HOOKBUS_LIVENESS_SECS`` ago — the same rule other processes judge it by — and it is not
-  stopping; 503 otherwise, with the reason as the body.
+  ``HOOKBUS_LIVENESS_SECS`` ago — the same rule other processes judge it by —, its host's
+  clock, as last measured against Redis's, is within the 1 s bound (docs/protocol.md 1.5: the
+  service corrects its deadlines by the offset, but a host that far off needs its clock fixed),
+  and it is not stopping; 503 otherwise, with the reason as the body.
 
 Answering costs the service a few microseconds on its own loop, where an exec probe started a
 Python process (about 0.3 s of CPU and 40 MB) every time.
@@ -21,6 +23,8 @@ import contextlib
 import logging
 import time
 
+from bus.clock import MAX_SKEW_MS, RedisClock, describe
+
 log = logging.getLogger("hookbus.probes")
 READ_TIMEOUT_SECS = 2.0
 MAX_REQUEST_BYTES = 8192
@@ -30,8 +34,9 @@ class Health:
     """A service's state as its probes see it; the service calls ``beat()`` after each
     heartbeat that reached Redis, and ``stopping()`` when it begins to shut down."""
 
-    def __init__(self, fresh_secs: float) -> None:
+    def __init__(self, fresh_secs: float, clock: RedisClock | None = None) -> None:
         self.fresh_secs = fresh_secs
+        self.clock = clock
         self.last_beat: float | None = None
         self.is_stopping = False
 
@@ -51,6 +56,11 @@ class Health:
             return False, (
                 f"last heartbeat reached Redis {age:.1f}s ago (ready means within "
                 f"{self.fresh_secs:g}s)"
+            )
+        if self.clock is not None and self.clock.skewed:
+            return False, (
+                f"this host's clock is {describe(self.clock.offset_ms)} Redis's, beyond the "
+                f"{MAX_SKEW_MS / 1000:g} s bound (docs/protocol.md 1.5): keep it in sync (NTP)"
             )
         return True, f"last heartbeat reached Redis {age:.1f}s ago"
 

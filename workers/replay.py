@@ -91,14 +91,18 @@ async def replay_range(
 async def replay_dead_letters(
     redis: Redis, keys: Keys, hook: str, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Re-feed the hook's dead letters (those with ``hook`` = its name); returns how many."""
+    """Re-feed the hook's dead letters (those with ``hook`` = its name); returns how many.
+    Records of lost entries (bus/retention.py) have no message and stay."""
     total = 0
     cursor = "-"
     while True:
         rows: Any = await redis.xrange(keys.dlq, min=cursor, max="+", count=CHUNK)
         if not rows:
             return total
-        mine = [(i, f) for i, f in rows if f.get(b"hook", b"").decode() == hook]
+        # Records of entries a stream's cap cut ("lost") hold no message to re-feed: kept.
+        mine = [
+            (i, f) for i, f in rows if f.get(b"hook", b"").decode() == hook and b"lost" not in f
+        ]
         if mine:
             async with redis.pipeline(transaction=False) as pipe:
                 for _, fields in mine:

@@ -32,7 +32,7 @@ from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
 from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.dispatch import eager
-from bus.errors import ProtocolError
+from bus.errors import LimitError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, spec_of
 from bus.keys import WORKERS_GROUP, Keys, check_name
@@ -44,13 +44,16 @@ from bus.protocol import (
     HookRequest,
     decode,
     decode_context,
+    decode_head,
     encode,
     new_id,
     now_ms,
     retired_hook,
 )
+from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
     Entry,
+    Settled,
     connect,
     consume,
     current_manifest,
@@ -65,6 +68,7 @@ from workers.loading import load_hook as load_hook  # where callers have found i
 from workers.probes import Health
 
 log = logging.getLogger("hookbus.worker")
+_failures = RateLimitedLog(log)
 REPLY_TTL_MS = 60_000
 
 
@@ -107,10 +111,11 @@ class HookWorker:
         self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
+        self._settled = Settled()
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
-        self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
+        self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
 
     # -- registration ------------------------------------------------------------------------
 
@@ -205,16 +210,12 @@ class HookWorker:
         )
 
     async def _start(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
-        if entry_id in self._in_flight:
+        if entry_id in self._in_flight or entry_id in self._settled:
             return
         await self._slots.acquire()
         self._in_flight[entry_id] = None
         # Eagerly: the reply is on the wire before this replica re-arms its blocking read.
-        try:
-            done, rest = eager(self._handle(entry_id, fields))
-        except Exception:
-            log.exception("request %s could not be handled", entry_id.decode())
-            done = True
+        done, rest = eager(self._handle_safely(entry_id, fields))
         if done:
             self._finished(entry_id)
             return
@@ -227,6 +228,28 @@ class HookWorker:
         self._slots.release()
 
     # -- one request ---------------------------------------------------------------------------
+
+    async def _handle_safely(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
+        """``_handle``, and whatever it raises besides Redis being away makes the entry a dead
+        letter, acknowledged once: a message never stops this replica, nor comes back."""
+        try:
+            await self._handle(entry_id, fields)
+        except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
+            _failures.warning("request %s not handled, Redis away: %s", entry_id.decode(), exc)
+        except Exception as exc:
+            self.stats["malformed"] += 1
+            _failures.error(
+                "request %s could not be handled; dead-lettered: %r",
+                entry_id.decode(),
+                exc,
+                exc_info=True,
+            )
+            data = (fields or {}).get(DATA_FIELD.encode(), b"")
+            why = f"could not be handled: {type(exc).__name__}: {exc}"
+            await dead_letter(
+                self.redis, self.keys, self.stream, why, data, entry_id=entry_id.decode()
+            )
+            await self._ack(entry_id)
 
     async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
         data = (fields or {}).get(DATA_FIELD.encode())
@@ -241,8 +264,15 @@ class HookWorker:
                 raise ProtocolError(f"reply_to {request.reply_to!r} is not an inbox", "$.reply_to")
         except ProtocolError as exc:
             self.stats["malformed"] += 1
-            log.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
-            await dead_letter(self.redis, self.keys, self.stream, str(exc), data or b"")
+            _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
+            await dead_letter(
+                self.redis,
+                self.keys,
+                self.stream,
+                str(exc),
+                data or b"",
+                entry_id=entry_id.decode(),
+            )
             await self._refuse(data or b"", exc)
             await self._ack(entry_id)
             return
@@ -280,14 +310,23 @@ class HookWorker:
             tracestate=request.tracestate,
         )
         try:
+            payload = encode(reply)
+        except LimitError as exc:  # an answer too deep or too large to send fails the hook
+            self.stats["errors"] += 1
+            error = f"the hook's answer could not be sent: {exc}"
+            payload = encode(
+                msgspec.structs.replace(reply, status="error", action=None, error=error)
+            )
+        try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(request.reply_to, encode(reply))
+                pipe.rpush(request.reply_to, payload)
                 pipe.pexpire(request.reply_to, REPLY_TTL_MS)
                 pipe.xack(self.stream, WORKERS_GROUP, entry_id)
                 await pipe.execute()
+            self._settled.add(entry_id)
             self.stats["handled"] += 1
         except (RedisError, OSError) as exc:
-            log.warning("could not reply to %s: %s", request.id, exc)
+            _failures.warning("could not reply to %s: %s", request.id, exc)
 
     async def _run_hook(
         self, request: HookRequest, ctx: Any, remaining: float
@@ -336,12 +375,13 @@ class HookWorker:
             return outcome
 
     async def _refuse(self, data: bytes, exc: ProtocolError) -> None:
-        """Tell the requester at once, when it can be told, instead of letting it time out."""
-        try:
-            head = msgspec.json.decode(data, type=_Head)
-        except msgspec.DecodeError:
+        """Tell the requester at once, when it can be told, instead of letting it time out. A
+        request over the bounds of ``bus/limits.py`` is not read further (no coordinator of
+        HookBus sends one: it refuses such a context before asking any hook)."""
+        if isinstance(exc, LimitError):
             return
-        if not (head.id and self.keys.is_inbox(head.reply_to)):
+        head = decode_head(data, _Head)
+        if head is None or not (head.id and self.keys.is_inbox(head.reply_to)):
             return
         reply = HookReply(
             id=new_id(),
@@ -350,15 +390,16 @@ class HookWorker:
             hook=self.spec.name,
             replica=self.replica,
             status="error",
-            error=f"malformed request: {exc}",
+            error=f"malformed request: {exc}"[:4000],
         )
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(RedisError, OSError, ProtocolError):
             await self.redis.rpush(head.reply_to, encode(reply))
             await self.redis.pexpire(head.reply_to, REPLY_TTL_MS)
 
     async def _ack(self, entry_id: bytes) -> None:
         try:
             await self.redis.xack(self.stream, WORKERS_GROUP, entry_id)
+            self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
             log.warning("could not acknowledge %s: %s", entry_id.decode(), exc)
 
@@ -378,12 +419,15 @@ class HookWorker:
                     self.health.beat()
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
-                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms
-                ):
+                    self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms,
+                    dlq=self.keys.dlq, hook=self.spec.name,
+                ):  # fmt: skip
                     self.stats["claimed"] += 1
                     await self._start(entry_id, fields)
             except (RedisError, OSError) as exc:
                 log.debug("keep-alive failed: %s", exc)
+            except Exception:  # the keep-alive outlives anything: heartbeats and takeovers
+                _failures.error("keep-alive pass failed", exc_info=True)
             self.expired.tick()
             await asyncio.sleep(interval)
 

@@ -62,21 +62,27 @@ class Services:
 
     async def reconcile(self, redis: Redis, keys: Keys) -> dict[str, int]:
         """Wait until Ledger has handled every event in ``{p}:events``; the figures."""
-        entries = await redis.xrange(keys.events)
-        events = [msgspec.json.decode(fields[b"data"]) for _, fields in entries]
-        wanted = {e["id"] for e in events}
+        return await reconcile(redis, keys, self.handled)
 
-        def missing() -> set[str]:
-            return wanted - set(self.handled.read_text().split())
 
-        await wait_for(lambda: not missing(), 60, "Ledger to handle every published event")
-        handled = self.handled.read_text().split()
-        return {
-            "events published": len(wanted),
-            "handled (incl. redeliveries)": len(handled),
-            "redelivered after kills": len(handled) - len(set(handled)),
-            "PreToolUse events published": sum(e["event"] == PRE.value for e in events),
-        }
+async def reconcile(redis: Redis, keys: Keys, handled_file: Path) -> dict[str, int]:
+    """Wait until Ledger (recording to ``handled_file``) has handled every event in
+    ``{p}:events``; the figures."""
+    entries = await redis.xrange(keys.events)
+    events = [msgspec.json.decode(fields[b"data"]) for _, fields in entries]
+    wanted = {e["id"] for e in events}
+
+    def missing() -> set[str]:
+        return wanted - set(handled_file.read_text().split())
+
+    await wait_for(lambda: not missing(), 60, "Ledger to handle every published event")
+    handled = handled_file.read_text().split()
+    return {
+        "events published": len(wanted),
+        "handled (incl. redeliveries)": len(handled),
+        "redelivered after kills": len(handled) - len(set(handled)),
+        "PreToolUse events published": sum(e["event"] == PRE.value for e in events),
+    }
 
 
 class GuardedAgents:

@@ -169,7 +169,10 @@ def _lag(args: argparse.Namespace) -> int:
     from workers.operator import consumer_lag, make_console, render_lag
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
-        rows = await consumer_lag(redis, keys, settings.events_maxlen, settings.requests_maxlen)
+        rows = await consumer_lag(
+            redis, keys, settings.events_maxlen, settings.requests_maxlen,
+            audit_maxlen=settings.audit_maxlen,
+        )  # fmt: skip
         make_console().print(render_lag(rows))
 
     with_redis(args, work)

@@ -1,4 +1,4 @@
-"""The commands that run the bus: ``demo``, ``worker``, ``coordinator`` and ``up``."""
+"""The commands that run the bus: ``demo``, ``worker``, ``coordinator``, ``gateway`` and ``up``."""
 
 from __future__ import annotations
 
@@ -133,6 +133,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "HOOKBUS_LIVENESS_SECS)",
     )
     coordinator.set_defaults(func=_coordinator)
+
+    from workers import gateway as gateway_command  # its options and run(); Starlette on demand
+
+    gateway = add_redis_options(
+        sub.add_parser("gateway", help="decisions over HTTP (bearer token per tenant)")
+    )
+    gateway_command.add_arguments(gateway)
+    gateway.set_defaults(func=gateway_command.run)
 
     up = add_redis_options(
         sub.add_parser(

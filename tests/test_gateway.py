@@ -1,0 +1,448 @@
+"""``hookbus gateway``: decisions over HTTP, against real processes.
+
+A real Redis, real hook services (``hookbus worker``) and the gateway (``hookbus gateway``, on
+uvicorn) answer plain HTTP requests (``http.client``); Claude Code's inputs and the gateway's
+outputs are checked against the schemas made from ``@anthropic-ai/claude-agent-sdk``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from bus import AgentHook, HookEvent, PreToolUseContext
+from bus.actions import CONTINUE, PreToolUseAction
+from bus.coordinator import Coordinator
+from bus.keys import Keys
+from bus.protocol import AuditRecord, EventMessage, decode, new_id, now_ms
+from bus.settings import BusSettings
+from tests.claude_code_types import INPUTS, ROOT, check_output, pre_tool_use
+from tests.harness import Processes, until, worker_env
+from workers.gateway import Gateway, Tokens, digest
+from workers.redis_server import RedisServer, free_port
+
+
+@dataclass
+class Running:
+    """A gateway process: where it listens and a token it accepts."""
+
+    port: int
+    token: str
+    tokens: Path
+    proc: subprocess.Popen[bytes]
+
+    def post(self, path: str, body: Any, token: str | None = "", **headers: str) -> Any:
+        return post(self.port, path, body, self.token if token == "" else token, **headers)
+
+
+def post(port: int, path: str, body: Any, token: str | None, **headers: str) -> Any:
+    """(status, decoded JSON body, response headers) of one POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent = {"Content-Type": "application/json", **headers}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", path, data, sent)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null"), dict(response.headers)
+    finally:
+        conn.close()
+
+
+def get(port: int, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def hookbus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def new_token(tokens: Path, tenant: str) -> str:
+    proc = hookbus("gateway", "--new-token", tenant, "--tokens", str(tokens))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def live(settings: BusSettings, *hooks: str) -> None:
+    """Wait until each hook service has a live replica."""
+    keys = Keys(settings.prefix)
+    with Redis.from_url(settings.redis_url) as redis:
+        until(lambda: all(redis.zcard(keys.replicas(h)) for h in hooks), f"hooks {hooks} live")
+
+
+def start_gateway(
+    procs: Processes, settings: BusSettings, tmp_path: Path, *args: str, tenant: str = "laptop"
+) -> Running:
+    """A gateway on a free port, with a token for ``tenant``; once /healthz answers 200 (by then
+    it has read the hook directory: its coordinator starts before it listens)."""
+    tokens = tmp_path / "tokens"
+    token = new_token(tokens, tenant)
+    port = free_port()
+    env = worker_env(settings, HOOKBUS_REFRESH_SECS="0.2")
+    proc = procs.start(
+        ["gateway", "--tokens", str(tokens), "--port", str(port), *args], env, "gateway"
+    )
+
+    def up() -> bool:
+        assert proc.poll() is None, f"the gateway exited:\n{procs.logs()}"
+        try:
+            return get(port, "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    until(up, "the gateway to answer /healthz", explain=procs.logs)
+    return Running(port, token, tokens, proc)
+
+
+def events_of(settings: BusSettings) -> list[EventMessage]:
+    with Redis.from_url(settings.redis_url) as redis:
+        entries = redis.xrange(Keys(settings.prefix).events)
+    return [decode(fields[b"data"], EventMessage) for _, fields in entries]
+
+
+# -- Claude Code over HTTP -------------------------------------------------------------------
+
+
+def test_secret_guard_denies_claude_code_reading_env_over_http(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    live(bus_settings, "SecretGuard")
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+
+    message = pre_tool_use("Read", {"file_path": "/work/app/.env"}, session="cc-http-1")
+    status, out, _ = gateway.post("/claude-code", message)
+    assert status == 200, out
+    check_output(out)
+    assert out == {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": "SecretGuard: .env files hold secrets; Read on them is "
+            "not allowed",
+        }
+    }
+    # Another file: no opinion. An event without counterpart: no opinion either.
+    status, out, _ = gateway.post("/claude-code", pre_tool_use("Read", {"file_path": "a.py"}))
+    assert (status, out) == (200, {})
+    prompt = {**INPUTS["Stop"], "hook_event_name": "UserPromptSubmit", "prompt": "hi"}
+    assert gateway.post("/claude-code", prompt)[:2] == (200, {})
+
+    # The dispatch was published like any other: its session inside the tenant's namespace,
+    # its source the token's tenant.
+    ours = [m for m in events_of(bus_settings) if m.session_id == "laptop/cc-http-1"]
+    assert [(m.event, m.source) for m in ours] == [(HookEvent.PRE_TOOL_USE, "tenant:laptop")]
+
+
+def test_every_mapped_event_is_answered_in_claude_codes_format(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    for target in ("SecretGuard", "Redactor", "ShellPolicy", "FailureAdvisor"):
+        procs.worker(bus_settings, f"workers.demo_hooks:{target}", target)
+    live(bus_settings, "SecretGuard", "Redactor", "ShellPolicy", "FailureAdvisor")
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+    answers = {}
+    for name, message in INPUTS.items():
+        status, out, _ = gateway.post("/claude-code", message)
+        assert status == 200, (name, out)
+        check_output(out)
+        answers[name] = out
+    assert answers["PreToolUse"]["hookSpecificOutput"]["permissionDecision"] == "deny"
+    post = answers["PostToolUse"]["hookSpecificOutput"]
+    assert post["updatedToolOutput"] == "API_KEY=[redacted] HOME=/root"
+    assert answers["PermissionRequest"]["hookSpecificOutput"]["decision"] == {"behavior": "allow"}
+    assert "Try search_corpus" in answers["PostToolUseFailure"]["hookSpecificOutput"][
+        "additionalContext"]  # fmt: skip
+    for name in ("SessionStart", "SessionEnd", "Stop", "SubagentStart", "SubagentStop",
+                 "PreCompact", "PostCompact", "PermissionDenied"):  # fmt: skip
+        assert answers[name] == {}, name
+    published = {m.event for m in events_of(bus_settings) if m.source == "tenant:laptop"}
+    assert published == set(HookEvent)  # all 12, each from its Claude Code counterpart
+
+
+def test_a_cancelled_session_stops_claude_code(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    live(bus_settings, "CancellationHook")
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+    bash = pre_tool_use("Bash", {"command": "ls"}, session="cc-cancel")
+    assert gateway.post("/claude-code", bash)[:2] == (200, {})
+    proc = hookbus("cancel", "laptop/cc-cancel", env=worker_env(bus_settings))
+    assert proc.returncode == 0, proc.stderr
+    status, out, _ = gateway.post("/claude-code", bash)
+    check_output(out)
+    assert (status, out["continue"]) == (200, False), out
+    assert out["stopReason"] == "session laptop/cc-cancel was cancelled by the user"
+    # Another session goes on.
+    other = pre_tool_use("Bash", {"command": "ls"}, session="cc-other")
+    assert gateway.post("/claude-code", other)[:2] == (200, {})
+
+
+# -- /v1/decisions: the protocol's JSON --------------------------------------------------------
+
+
+def decision_request(**fields: Any) -> dict[str, Any]:
+    return {
+        "v": 1, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
+        "context": {"session_id": "s-http", "tool_name": "file_read",
+                    "tool_args": {"path": "app/.env"}},
+        "timeout_ms": 5000, **fields,
+    }  # fmt: skip
+
+
+def test_decisions_endpoint_answers_like_the_coordinator_service(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    live(bus_settings, "SecretGuard")
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+    request = decision_request(reply_to="hookbus:inbox:ignored")
+    status, reply, headers = gateway.post("/v1/decisions", request)
+    assert status == 200 and headers["content-type"] == "application/json", reply
+    assert (reply["v"], reply["request_id"], reply["event"], reply["status"]) == (
+        1, request["id"], "PreToolUse", "ok")  # fmt: skip
+    assert reply["result"]["action"] == {
+        "type": "Block",
+        "reason": ".env files hold secrets; file_read on them is not allowed",
+    }
+    assert reply["result"]["blocking_errors"][0]["hook_name"] == "SecretGuard"
+    # id and ts may be left out; reply_to is not needed.
+    bare = {"event": "PreToolUse", "context": {"session_id": "s", "tool_name": "run_shell"}}
+    status, reply, _ = gateway.post("/v1/decisions", bare)
+    assert status == 200 and reply["result"]["action"] == {"type": "Continue"}, reply
+    assert len(reply["request_id"]) == 32
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "text"),
+    [
+        (b'{"event": "PreToolUse", ', "", "malformed"),
+        (json.dumps(decision_request(event="PreToolCall")).encode(), "$.event", "PreToolCall"),
+        (json.dumps(decision_request(context={"session_id": "s", "tool_name": 3})).encode(),
+         "$.context.tool_name", "Expected `str`, got `int`"),
+        (json.dumps(decision_request(v=2)).encode(), "$.v", "protocol version 2"),
+    ],
+    ids=["not-json", "unknown-event", "wrong-type", "version"],
+)  # fmt: skip
+def test_bad_requests_get_400_naming_the_field(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, body: bytes, field: str, text: str
+) -> None:
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+    status, reply, _ = gateway.post("/v1/decisions", body)
+    assert status == 400, reply
+    assert (reply["status"], reply["field"], reply["result"]) == ("error", field, None), reply
+    assert text in reply["error"], reply
+    if field:
+        assert reply["request_id"] == json.loads(body)["id"]
+    # Claude Code's endpoint: the same, in its own words.
+    status, out, _ = gateway.post("/claude-code", {**INPUTS["PreToolUse"], "tool_name": 3})
+    assert (status, out["field"]) == (400, "$.tool_name"), out
+    assert gateway.post("/claude-code", b"{oops")[0] == 400
+
+
+def test_deadlines_sizes_and_credentials(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    gateway = start_gateway(procs, bus_settings, tmp_path, "--max-body", "4096")
+    # A request whose deadline has passed: 504, nothing dispatched.
+    late = decision_request(ts=now_ms() - 10_000, timeout_ms=5_000)
+    status, reply, _ = gateway.post("/v1/decisions", late)
+    assert (status, reply["status"], reply["request_id"]) == (504, "error", late["id"]), reply
+    assert reply["error"] == "no decision within timeout_ms=5000"
+    assert not [m for m in events_of(bus_settings) if m.session_id.endswith("s-http")]
+    # Too large, declared or not: 413 (the body is not read).
+    huge = decision_request(context={"session_id": "s", "tool_name": "t", "tool_args":
+                                     {"blob": "x" * 5000}})  # fmt: skip
+    status, reply, _ = gateway.post("/v1/decisions", huge)
+    assert (status, reply["status"]) == (413, "error") and "4096-byte limit" in reply["error"]
+    assert gateway.post("/claude-code", {**INPUTS["PreToolUse"], "x": "y" * 5000})[0] == 413
+    # No token, a wrong one, another scheme: 401, with a challenge.
+    for token, extra in [(None, {}), ("not-the-token", {}),
+                         (None, {"Authorization": f"Basic {gateway.token}"})]:  # fmt: skip
+        for path in ("/v1/decisions", "/claude-code"):
+            status, reply, headers = gateway.post(path, decision_request(), token, **extra)
+            assert status == 401, (path, reply)
+            assert headers["www-authenticate"] == 'Bearer realm="hookbus"'
+    assert not [m for m in events_of(bus_settings) if m.session_id.endswith("s-http")]
+
+
+def test_the_tenant_comes_from_the_token_never_the_body(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    mallory = new_token(tokens, "mallory")  # the attacker's own, valid credential
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="acme")
+    assert gateway.tokens == tokens
+    # Mallory claims to be acme in every way a request allows.
+    forged = decision_request(source="tenant:acme", tenant="acme")
+    forged["context"]["session_id"] = "s-forged"
+    status, reply, _ = gateway.post("/v1/decisions", forged, mallory, **{"X-Tenant": "acme"})
+    assert status == 200, reply
+    claude = {**pre_tool_use("Bash", {"command": "ls"}, "s-forged"), "source": "tenant:acme"}
+    assert gateway.post("/claude-code", claude, mallory, **{"X-Tenant": "acme"})[0] == 200
+    seen = [(m.session_id, m.source) for m in events_of(bus_settings)]
+    assert seen == [("mallory/s-forged", "tenant:mallory")] * 2
+
+
+def test_health_follows_redis(procs: Processes, tmp_path: Path) -> None:
+    with RedisServer() as server:
+        settings = BusSettings(redis_url=server.url, prefix=f"t{new_id()[:8]}")
+        gateway = start_gateway(procs, settings, tmp_path)
+        status, health = get(gateway.port, "/healthz")
+        assert (status, health["status"]) == (200, "ok"), health
+        check = hookbus("gateway", "--check", "--port", str(gateway.port))
+        assert check.returncode == 0 and check.stdout.startswith("ok:"), check
+        server.stop()
+        status, health = get(gateway.port, "/healthz")
+        assert (status, health["status"]) == (503, "unavailable"), health
+        check = hookbus("gateway", "--check", "--port", str(gateway.port))
+        assert check.returncode == 1 and "503" in check.stdout, check
+        # SIGTERM: a clean stop (exit 0), counters logged.
+        gateway.proc.terminate()
+        assert gateway.proc.wait(30) == 0, procs.logs()
+        assert "gateway stopped: {'decisions': 0" in procs.logs()
+    unused = free_port()
+    check = hookbus("gateway", "--check", "--port", str(unused))
+    assert check.returncode == 1 and "no gateway answers" in check.stdout, check
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "cannot read the token file"),
+        ("", "holds no token"),
+        ("laptop\n", ":1: expected `tenant:sha256hex`"),
+        (f"# ops\nok:{digest('x')}\nbad tenant:{digest('y')}\n", ":3: expected"),
+    ],
+    ids=["missing", "empty", "no-digest", "bad-tenant"],
+)
+def test_a_bad_token_file_stops_the_gateway_with_one_line(
+    tmp_path: Path, content: str | None, said: str
+) -> None:
+    path = tmp_path / "tokens"
+    if content is not None:
+        path.write_text(content)
+    proc = hookbus("gateway", "--tokens", str(path), "--port", str(free_port()))
+    assert proc.returncode == 2, proc
+    assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert hookbus("gateway", "--port", "1").stderr.startswith("hookbus: the gateway needs a token")
+
+
+def test_tokens_are_stored_hashed_and_compared_whole(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    token = new_token(path, "laptop")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.read_text() == f"laptop:{digest(token)}\n" and token not in path.read_text()
+    tokens = Tokens.load(path)
+    assert tokens.tenant(f"Bearer {token}") == "laptop"
+    assert tokens.tenant(f"bearer   {token}") == "laptop"
+    for wrong in (None, "", token, f"Bearer {token[:-1]}", f"Bearer {token}x", "Bearer ",
+                  f"Token {token}"):  # fmt: skip
+        assert tokens.tenant(wrong) is None, wrong
+
+
+# -- a dispatch that overruns its deadline: fail closed where Claude Code waits ---------------
+
+
+class Hog(AgentHook):
+    """Holds the event loop past any deadline (an overloaded service), then answers."""
+
+    subscribed_events = (HookEvent.PRE_TOOL_USE, HookEvent.POST_TOOL_USE)
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
+        time.sleep(0.1)  # blocks the loop: no timer of this dispatch can fire meanwhile
+        await asyncio.sleep(0)
+        return CONTINUE
+
+    async def post_tool_use(self, ctx: Any) -> Any:
+        return await self.pre_tool_use(ctx)
+
+
+async def test_claude_code_calls_fail_closed_when_no_decision_comes_in_time(
+    bus_settings: BusSettings,
+) -> None:
+    async with Coordinator(bus_settings, source="gateway") as coordinator:
+        coordinator.add(Hog())
+        gateway = Gateway(coordinator, Tokens((("t", b""),)), claude_timeout_ms=20)
+        answer = await gateway.claude_code("t", json.dumps(INPUTS["PreToolUse"]).encode())
+        out = json.loads(answer.body)
+        check_output(out)
+        assert answer.status == 200 and out["hookSpecificOutput"]["permissionDecision"] == "deny"
+        assert "no decision within 20 ms; denied (fail closed)" in out["hookSpecificOutput"][
+            "permissionDecisionReason"]  # fmt: skip
+        # PostToolUse gates nothing: the timeout is said as such.
+        answer = await gateway.claude_code("t", json.dumps(INPUTS["PostToolUse"]).encode())
+        assert answer.status == 504, answer
+        assert gateway.stats["timed_out"] == 2 and gateway.stats["failed_closed"] == 1
+
+
+def test_a_warn_mode_answer_reaches_claude_as_context_and_the_audit_trail_names_the_tenant(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    live(bus_settings, "SecretGuard")
+    proc = hookbus("hooks", "mode", "SecretGuard", "warn", env=worker_env(bus_settings))
+    assert proc.returncode == 0, proc.stderr
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="team-a")
+    status, out, _ = gateway.post("/claude-code", pre_tool_use("Read", {"file_path": ".env"}))
+    assert status == 200, out
+    check_output(out)
+    assert out == {"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "additionalContext": "[Hook: SecretGuard | PreToolUse] Warning: this hook would have "
+        "blocked: .env files hold secrets; Read on them is not allowed",
+    }}  # fmt: skip
+    with Redis.from_url(bus_settings.redis_url) as redis:
+        entries = redis.xrange(Keys(bus_settings.prefix).audit)
+    (record,) = [decode(fields[b"data"], AuditRecord) for _, fields in entries]
+    assert (record.kind, record.hook, record.mode, record.by) == (
+        "shadowed", "SecretGuard", "warn", "tenant:team-a")  # fmt: skip
+
+
+def test_a_token_reaches_only_its_own_tenants_sessions(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """The attack of issue 16, over HTTP: lift another tenant's cancellation by ending its
+    session, with the attacker's own valid token."""
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    live(bus_settings, "CancellationHook")
+    tokens = tmp_path / "tokens"
+    mallory = new_token(tokens, "mallory")
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="team-b")
+    proc = hookbus("cancel", "team-b/victim", env=worker_env(bus_settings))
+    assert proc.returncode == 0, proc.stderr
+    bash = pre_tool_use("Bash", {"command": "ls"}, session="victim")
+    assert gateway.post("/claude-code", bash)[1]["continue"] is False
+    # Mallory ends the victim's session every way a session id can be written.
+    for session in ("victim", "team-b/victim", "../team-b/victim"):
+        end = {**INPUTS["SessionEnd"], "session_id": session}
+        assert gateway.post("/claude-code", end, mallory)[:2] == (200, {})
+        stop = decision_request(event="OnSessionStop", context={"session_id": session})
+        status, reply, _ = gateway.post("/v1/decisions", stop, mallory)
+        assert (status, reply["status"]) == (200, "ok"), reply
+    # The victim's session is still cancelled; Mallory only ended sessions of her own.
+    status, out, _ = gateway.post("/claude-code", bash)
+    assert (status, out["continue"]) == (200, False), out
+    ended = {m.session_id for m in events_of(bus_settings) if m.event == HookEvent.ON_SESSION_STOP}
+    assert ended == {"mallory/victim", "mallory/team-b/victim", "mallory/../team-b/victim"}
