@@ -420,3 +420,16 @@ async def test_served_fails_with_the_workers_log_when_one_does_not_start(
             raise AssertionError("not reached")
     assert "`hookbus worker acme_hooks.misspelt:Guard` did not start" in str(failed.value)
     assert "did you mean 'pre_tool_use'?" in str(failed.value)
+
+
+def test_a_password_put_into_the_url_is_never_shown() -> None:
+    """HOOKBUS_REDIS_PASSWORD goes into the URL (bus.settings.with_password), a unix socket's in
+    its query: every line that shows the URL hides it."""
+    from bus.settings import BusSettings
+    from workers.cli.common import redacted
+
+    for url in ("redis://worker@redis:6379/0", "unix:///run/redis.sock?db=0"):
+        settings = BusSettings.from_env(
+            {"HOOKBUS_REDIS_URL": url, "HOOKBUS_REDIS_PASSWORD": "s3&c:r@t"}
+        )
+        assert "s3" not in redacted(settings.redis_url) and "***" in redacted(settings.redis_url)

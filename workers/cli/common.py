@@ -119,6 +119,8 @@ class UsageError(HookBusError):
 def redacted(url: str) -> str:
     """The URL without its password."""
     parts = urllib.parse.urlsplit(url)
+    if "password=" in parts.query:  # unix:///path?password=… (bus.settings.with_password)
+        url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
     if parts.password is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]
