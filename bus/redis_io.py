@@ -230,10 +230,22 @@ _NODE_KWARGS = {
 }  # fmt: skip
 
 
+async def close(redis: Redis) -> None:
+    """Close a client of :func:`connect`, with the plain clients of single cluster nodes that
+    the durable mode opened beside it (:func:`_node_client`)."""
+    nodes: dict[tuple[str, int], Redis] = redis.__dict__.pop(_NODES, {})
+    for client in nodes.values():
+        await client.aclose()
+    await redis.aclose()
+
+
+_NODES = "_hookbus_nodes"
+
+
 def _node_client(cluster: RedisCluster, address: tuple[str, int]) -> Redis:
     """A plain client of one cluster node, with the cluster client's credentials and TLS
     (kept on the cluster client, so that both go together)."""
-    clients: dict[tuple[str, int], Redis] = cluster.__dict__.setdefault("_hookbus_nodes", {})
+    clients: dict[tuple[str, int], Redis] = cluster.__dict__.setdefault(_NODES, {})
     client = clients.get(address)
     if client is None:
         given = cluster.connection_kwargs

@@ -26,7 +26,7 @@ from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings
 from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms
-from bus.redis_io import connect, xadd_batch
+from bus.redis_io import close, connect, xadd_batch
 from bus.settings import BusSettings
 from tests.chaos.conftest import Ledger
 from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
@@ -72,7 +72,7 @@ async def publish_until(settings: BusSettings, stop: asyncio.Event, acked: dict[
             if any(isinstance(r, Exception) for r in results):
                 await asyncio.sleep(0.01)
     finally:
-        await redis.aclose()
+        await close(redis)
     return refused
 
 
