@@ -23,10 +23,12 @@ decisions
 events
     this process XADDs M events of 64 sessions (so every partition gets some) in batches of
     500, with ``bus.redis_io.xadd_batch`` (what a coordinator publishes with) for HookBus and a
-    raw pipeline for the floor; 2 async hook groups of 2 replicas each consume every partition.
-    HookBus: ``hookbus worker bench.cluster:NoopA`` / ``NoopB``. Floor: one task per partition
-    doing XREADGROUP BLOCK → decode → XACK. Figure: M / (first XADD → every group has delivered
-    and acknowledged everything on every partition, read from XINFO GROUPS).
+    raw pipeline for the floor, while the consumers are stopped (SIGSTOP); then the consumers
+    go on (SIGCONT): 2 async hook groups of 2 replicas each, reading every partition. HookBus:
+    ``hookbus worker bench.cluster:NoopA`` / ``NoopB``. Floor: one task per partition doing
+    XREADGROUP BLOCK → decode → XACK. Figures: events/s = M / (consumers resumed → every group
+    has delivered and acknowledged everything on every partition, read from XINFO GROUPS), and
+    the publisher's M / publishing time, each measured alone.
 
 And on the cluster, HookBus's durable mode (``HOOKBUS_DURABLE_REPLICAS=1``: ``WAIT 1`` after each
 batch of XADDs, per master) for both workloads.
@@ -52,6 +54,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import signal
 import statistics
 import sys
@@ -525,13 +528,17 @@ async def events_trial(
         idle_calls = sum(_calls(c) for _, c in idle.admin)
         idle.close()
         await publisher.drained(groups, await publisher.publish(warm))
+        # The consumers are stopped while the events go in, so that the publisher's rate and
+        # the consumers' (a backlog of every partition, drained) are each measured alone.
         meter = Meter(target, phase.pids)
         meter.start()
+        signal_all(phase.pids["consumers"], signal.SIGSTOP)
         cpu0 = time.process_time()
         t0 = time.monotonic()
         last = await publisher.publish(data)
         t_pub = time.monotonic()
         publish_cpu = time.process_time() - cpu0
+        signal_all(phase.pids["consumers"], signal.SIGCONT)
         await publisher.drained(groups, last)
         t1 = time.monotonic()
         measured = meter.stop(len(data))
@@ -540,6 +547,7 @@ async def events_trial(
         if dead:
             raise RuntimeError(f"{impl} on {target.label}: {dead} dead letters: set-up is wrong")
     finally:
+        signal_all(phase.pids.get("consumers", []), signal.SIGCONT)
         phase.stop()
         await publisher.close()
     measured["cpu_us"]["publisher"] = round(publish_cpu / len(data) * 1e6, 1)
@@ -548,8 +556,9 @@ async def events_trial(
     )
     return {
         "events": len(data),
-        "seconds": round(t1 - t0, 3),
-        "per_sec": round(len(data) / (t1 - t0), 1),
+        "seconds": round(t1 - t_pub, 3),
+        "per_sec": round(len(data) / (t1 - t_pub), 1),
+        "publish_seconds": round(t_pub - t0, 3),
         "publish_per_sec": round(len(data) / (t_pub - t0), 1),
         **measured,
         "idle_commands_per_sec_per_replica": round(
@@ -557,6 +566,11 @@ async def events_trial(
         ),
         "keys": keys_per_master(target, prefix),
     }
+
+
+def signal_all(pids: Sequence[int], signum: int) -> None:
+    for pid in pids:
+        os.kill(pid, signum)
 
 
 async def until_registered(
@@ -638,6 +652,11 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
             for k in range(masters)
         ],
         "keys": trials[-1]["keys"],
+        **(
+            {"publish_per_sec": _median([t["publish_per_sec"] for t in trials])}
+            if "publish_per_sec" in trials[0]
+            else {}
+        ),
         **(
             {
                 "idle_commands_per_sec_per_replica": _median(
@@ -757,6 +776,11 @@ def render(report: dict[str, Any]) -> str:
             lines.append(
                 f"durable mode ({r['workload']}): {r['ratio_to_async']:.2f}x the rate of "
                 f"asynchronous replication"
+            )
+        if "publish_per_sec" in r:
+            lines.append(
+                f"publisher alone ({r['target']}, {r['impl']}): {r['publish_per_sec']:,.0f} "
+                "events/s"
             )
         if "idle_commands_per_sec_per_replica" in r and r["impl"] != "durable":
             lines.append(
