@@ -25,7 +25,7 @@ from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
 from bus.keys import MAX_SHARDS, Keys
-from bus.protocol import BreakGlass, HookManifest, decode
+from bus.protocol import BreakGlass, HookManifest, decode, retired_hook
 
 log = logging.getLogger("hookbus.directory")
 
@@ -155,6 +155,8 @@ class HookDirectory:
         manifests: list[HookManifest] = []
         counts, skewed = [], {}
         for name, (data, live, clocks) in raw.items():
+            if retired_hook(data) is not None:  # removed by an operator: not a hook any more
+                continue
             try:
                 manifest = decode(data, HookManifest)
                 if manifest.name != name:

@@ -10,7 +10,8 @@
     │   └── ProtocolError           a wire message that does not fit the protocol (names the field)
     │       └── LimitError          a message or context over a bound of bus/limits.py (names it)
     ├── ConfigError                 a setting that cannot be used (bad env var, bad hook class)
-    │   └── RedisAuthError          Redis refused the credentials (permanent: services stop)
+    │   ├── RedisAuthError          Redis refused the credentials (permanent: services stop)
+    │   └── HookRetired             an operator removed the hook this replica would serve
     ├── TransportError              Redis could not be reached or answered with an error
     └── HookFailure                 one hook call that did not answer
         ├── HookTimeout             it ran past its timeout
@@ -84,6 +85,10 @@ class RedisAuthError(ConfigError):
     disabled user). Permanent: retrying cannot help, so a service stops (exit status 2) instead
     of retrying. Deliberately not a ``redis.exceptions.RedisError``: every retry loop, which
     catches those, lets it through (bus/redis_io.py raises it, in one place)."""
+
+
+class HookRetired(ConfigError):
+    """A replica was asked to serve a hook an operator removed (``hookbus hooks remove``)."""
 
 
 class TransportError(HookBusError):

@@ -129,6 +129,7 @@ class Keys:
         "audit",
         "breakglass",
         "control",
+        "coordinators",
         "decision_partitions",
         "dlq",
         "event_partitions",
@@ -166,6 +167,8 @@ class Keys:
         self.audit = f"{prefix}:audit"
         #: Present (with a TTL) while an operator's break-glass bypass is on.
         self.breakglass = f"{prefix}:breakglass"
+        #: Coordinator service replica id → last heartbeat (epoch ms), like a hook's replicas.
+        self.coordinators = f"{prefix}:coordinators"
 
     @classmethod
     def of(cls, settings: Any) -> Keys:

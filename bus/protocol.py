@@ -24,6 +24,7 @@ from bus.errors import ProtocolError
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
 from bus.limits import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # largest message accepted
+from bus.limits import encode_context as encode_context
 from bus.matcher import ToolMatchFilter
 
 PROTOCOL_VERSION = 2
@@ -131,6 +132,31 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class RetiredHook(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``hookbus hooks remove`` leaves in ``{p}:hooks`` in place of a hook's manifest.
+
+    Deliberately not a ``HookManifest`` (it has no ``name``): every coordinator ignores it like
+    any malformed manifest, so the hook is no longer selected; and since the field stays
+    present, a running replica's heartbeat (``HSETNX``) cannot write the manifest back.
+    Replicas that see it stop; a replica that starts refuses to serve the hook until an
+    operator runs ``hookbus hooks restore``.
+    """
+
+    retired: str  # the hook's name
+    at: int  # epoch ms
+    by: str = ""
+
+
+def retired_hook(data: bytes | str | None) -> RetiredHook | None:
+    """The tombstone in ``data`` (a value of ``{p}:hooks``), or None if it is anything else."""
+    if not data:
+        return None
+    try:
+        return msgspec.json.decode(data, type=RetiredHook)
+    except msgspec.DecodeError:
+        return None
+
+
 class DecisionRequest(_Envelope, frozen=True, kw_only=True):
     """An agent (any language) asks the coordinator service to dispatch one event."""
 
@@ -210,7 +236,8 @@ def decode(data: bytes | str, kind: type[T]) -> T:
     (LimitError); whatever else the parser raises becomes a ProtocolError too."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    limits.check(data, kind.__name__)
+    if data.count(b"[") + data.count(b"{") > limits.MAX_DEPTH or len(data) > MAX_MESSAGE_BYTES:
+        limits.check(data, kind.__name__)  # (its fast path inlined above: the usual case)
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
@@ -275,17 +302,9 @@ def decode_head(data: bytes, kind: type[T]) -> T | None:
         return None
 
 
-def encode_context(ctx: HookContext) -> bytes:
-    """A context as JSON, within the bounds of a context (LimitError otherwise)."""
-    return limits.encode(ctx, _WHAT[type(ctx)], context=True)
-
-
 def raw(ctx: HookContext) -> msgspec.Raw:
     """A context ready to embed in an envelope (LimitError if it is over a bound)."""
     return msgspec.Raw(encode_context(ctx))
-
-
-_WHAT = {kind: f"{event.value} context" for event, kind in CONTEXT_TYPES.items()}
 
 
 def new_id() -> str:

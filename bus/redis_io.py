@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -13,9 +14,9 @@ from redis.asyncio import connection as redis_connection
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bus.errors import RedisAuthError
+from bus.errors import HookRetired, RedisAuthError
 from bus.keys import Keys
-from bus.protocol import DATA_FIELD, now_ms
+from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
 
@@ -400,6 +401,27 @@ async def cancel_session(redis: Redis, keys: Keys, session_id: str, ttl_secs: in
         await pipe.execute()
 
 
+def refuse_retired(tomb: RetiredHook) -> HookRetired:
+    import datetime as dt
+
+    when = dt.datetime.fromtimestamp(tomb.at / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    by = f" by {tomb.by}" if tomb.by else ""
+    return HookRetired(
+        f"hook {tomb.retired} was removed{by} at {when} (hookbus hooks remove): not serving it. "
+        f"To serve it again: hookbus hooks restore {tomb.retired}"
+    )
+
+
+async def current_manifest(redis: Redis, keys: Keys, hook: str) -> bytes | None:
+    """The hook's manifest before a replica registers; raises HookRetired if an operator
+    removed the hook (a tombstone, ``RetiredHook``, in place of its manifest)."""
+    value: Any = await redis.get(keys.manifest(hook))
+    tomb = retired_hook(value)
+    if tomb is not None:
+        raise refuse_retired(tomb)
+    return cast(bytes | None, value)
+
+
 async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> None:
     """A replica's clean shutdown: its heartbeat goes, and the hook's ``stopped`` member
     records when (``hookbus hooks list`` then says "stopped", not "never")."""
@@ -408,6 +430,29 @@ async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> N
         pipe.zadd(keys.replicas(hook), {Keys.STOPPED_MEMBER: -now_ms()})
         pipe.hdel(keys.clocks(hook), replica)
         await pipe.execute()
+
+
+async def hand_over(
+    redis: Redis, stream: str, group: str, consumer: str, claim_idle_ms: int
+) -> int:
+    """At a clean shutdown: hand the entries still pending with ``consumer`` over to the live
+    replicas, and delete the consumer only once it holds none.
+
+    ``XGROUP DELCONSUMER`` would discard them (neither answered nor taken over); left alone they
+    would wait ``claim_idle_ms`` from their delivery. Claiming them with ``IDLE claim_idle_ms``
+    makes them look abandoned at once: a live replica's next ``XAUTOCLAIM`` takes them.
+    Returns how many were handed over.
+    """
+    rows: Any = await redis.xpending_range(
+        stream, group, min="-", max="+", count=10_000, consumername=consumer
+    )
+    ids = [row["message_id"] for row in rows]
+    if ids:
+        await redis.xclaim(stream, group, consumer, 0, ids, idle=claim_idle_ms, justid=True)
+    else:
+        with contextlib.suppress(ResponseError):  # the group is gone: nothing to hand over
+            await redis.xgroup_delconsumer(stream, group, consumer)
+    return len(ids)
 
 
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:

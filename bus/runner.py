@@ -52,7 +52,7 @@ from bus.events import (
     SubagentStartContext,
     SubagentStopContext,
 )
-from bus.protocol import encode_context
+from bus.limits import encode_context
 from bus.ratelog import RateLimitedLog
 from bus.settings import HookSettings
 

@@ -1,10 +1,18 @@
 """Settings, built once at start-up from the environment and passed down.
 
 Nothing in HookBus reads the environment at import time or on a hot path.
+
+Hand-written rather than pydantic-settings (which the environment offers): it would not catch
+what went wrong in practice, a misspelled variable (``HOOKBUS_REDIS_URI``) — pydantic-settings
+ignores environment variables it has no field for — which ``unknown_variables`` reports with a
+"did you mean"; it would bring a second validation library next to msgspec into the core for
+about a dozen numbers; and the secrets files of a deployment are read where they are mounted
+(deploy/redis/start.sh), not here.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -80,6 +88,47 @@ def _count(env: Mapping[str, str], key: str, default: int) -> int:
 
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+#: Every ``HOOKBUS_*`` variable a HookBus process reads: the settings here, the audit log
+#: hook's database, and what the Redis container's start.sh and Compose read.
+KNOWN_VARIABLES = frozenset(
+    {
+        "HOOKBUS_REDIS_URL",
+        "HOOKBUS_PREFIX",
+        "HOOKBUS_HEARTBEAT_SECS",
+        "HOOKBUS_LIVENESS_SECS",
+        "HOOKBUS_CLAIM_IDLE_SECS",
+        "HOOKBUS_EVENTS_MAXLEN",
+        "HOOKBUS_REQUESTS_MAXLEN",
+        "HOOKBUS_SESSION_TTL_SECS",
+        "HOOKBUS_REFRESH_SECS",
+        "HOOKBUS_ASYNC_TIMEOUT_SECS",
+        "HOOKBUS_TRUNCATE_CHARS",
+        "HOOKBUS_MAX_OUTPUT_CHARS",
+        "HOOKBUS_AUDIT_DB",
+        "HOOKBUS_SECRETS_DIR",
+        "HOOKBUS_ACL_TEMPLATE",
+        "HOOKBUS_ACL_FILE",
+        *(f"HOOKBUS_{role}_PASSWORD" for role in ("COORDINATOR", "WORKER", "AGENT", "OPERATOR")),
+    }
+)
+#: Left alone: names a test suite may use for itself.
+RESERVED_PREFIXES = ("HOOKBUS_TEST_",)
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """Each ``HOOKBUS_*`` variable in ``env`` that HookBus does not read, with a "did you mean"
+    when one it reads is close: a typo there silently means the default."""
+    env = os.environ if env is None else env
+    found = []
+    for name in sorted(env):
+        if not name.startswith("HOOKBUS_") or name in KNOWN_VARIABLES:
+            continue
+        if name.startswith(RESERVED_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
+        found.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return found
 
 
 #: Accepted Redis URL schemes; the ``+cluster`` ones select redis-py's cluster client.

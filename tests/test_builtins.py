@@ -258,6 +258,20 @@ async def test_audit_rows_ok_fail_and_stop(registry: BuiltinRegistry) -> None:
     assert [r["output_preview"] for r in registry.audit_log.rows("s2")] == ["elsewhere"]
 
 
+async def test_a_refused_dispatch_gets_an_audit_row(registry: BuiltinRegistry) -> None:
+    """Embedded, input no hook could inspect is recorded in the audit log (protocol.md 5.6)."""
+    deep: dict[str, Any] = {}
+    for _ in range(100):
+        deep = {"a": deep}
+    ctx = PreToolUseContext(session_id="s9", tool_name="run_bash", tool_args=deep)
+    result = await registry.run_pre_tool_use(ctx)
+    assert result.is_blocked and registry.refusals == 1
+    await registry.audit_log.flush()
+    (row,) = registry.audit_log.rows("s9")
+    assert (row["event"], row["tool_name"], row["status"]) == ("PreToolUse", "run_bash", "REFUSED")
+    assert "(MAX_CONTEXT_DEPTH)" in row["output_preview"]
+
+
 async def test_audit_rows_survive_reopen(tmp_path: Path) -> None:
     db = tmp_path / "audit.db"
     hook = AuditLogHook(db)

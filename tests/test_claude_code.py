@@ -158,8 +158,10 @@ def test_a_structured_tool_response_becomes_json_text() -> None:
          "$.tool_name"),
         (json.dumps({**INPUTS["PostToolUseFailure"], "error": None}).encode(), "$.error"),
         (b" " * (1_048_576 + 1), ""),
+        (b'{"tool_input":' + b"[" * 100_000 + b"]" * 100_000 + b"}", ""),
     ],
-    ids=["not-json", "not-object", "no-event", "wrong-type", "missing", "null", "too-big"],
+    ids=["not-json", "not-object", "no-event", "wrong-type", "missing", "null", "too-big",
+         "too-deep"],
 )  # fmt: skip
 def test_input_that_is_not_claude_codes_is_refused_naming_the_field(raw: bytes, field: str) -> None:
     with pytest.raises(ProtocolError) as caught:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
 import msgspec
+import pytest
 
 from agent_adapter.client import HookClient
 from agent_adapter.executor import ToolExecutor
@@ -24,8 +26,9 @@ from bus import (
     PermissionRequired,
     PreToolUseContext,
 )
+from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
-from tests.harness import Processes, wait_live
+from tests.harness import Processes, wait_for, wait_live
 from tests.remote_hooks import HookConfig
 
 
@@ -138,3 +141,27 @@ async def test_no_hook_reply_lifts_a_p0_to_p2_deny_over_the_wire(
             result = await executor.execute_parallel("s", [call("act", x=1)], step=1)
             assert ran == [], (level, answers)
             assert result.denials[0].level == {"checker": 0, "tool": 1, "session": 2}[level]
+
+
+async def test_a_repeated_failure_is_logged_once_per_interval_with_its_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first of a kind at once, with its traceback; the rest as one line with the count
+    when the interval ends; another kind on its own line; never a second traceback."""
+    logger = logging.getLogger("test.ratelog")
+    failures = RateLimitedLog(logger, interval=0.2)
+    with caplog.at_level(logging.WARNING, "test.ratelog"):
+        for i in range(400):
+            try:
+                raise RecursionError(f"poison {i}")
+            except RecursionError as exc:
+                failures.error("entry %d dead-lettered: %s", i, exc, exc_info=True)
+        failures.warning("another kind %d", 1)
+        await wait_for(lambda: len(caplog.records) == 3, timeout=5, what="the count line")
+        first, other, count = caplog.records
+        assert first.getMessage() == "entry 0 dead-lettered: poison 0" and first.exc_info
+        assert other.getMessage() == "another kind 1"
+        assert count.getMessage().startswith(
+            "entry 399 dead-lettered: poison 399 (399 times in the last"
+        )
+        assert not count.exc_info

@@ -342,6 +342,18 @@ def test_dlq_show_prints_every_field_and_the_data_as_pretty_json(
     assert bad.returncode == 2 and "not a stream id" in bad.stderr
 
 
+def test_dlq_show_prints_a_poison_message_nested_100000_levels_as_text(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    """What no decoder could take is still shown: as text, not parsed (no RecursionError)."""
+    keys = Keys(bus_settings.prefix)
+    poison = "[" * 100_000 + "]" * 100_000
+    entry = r.xadd(keys.dlq, {"source": keys.events, "reason": "nests more", "data": poison})
+    out = ok(hookbus(bus_settings, "dlq", "show", entry.decode()))
+    assert "data:" in out and "data (JSON):" not in out
+    assert out.count("[") >= 100_000 and "Traceback" not in out
+
+
 def test_dlq_replay_refeeds_one_hooks_dead_letters(
     bus_settings: BusSettings, r: redis.Redis
 ) -> None:

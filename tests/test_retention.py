@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,20 @@ async def loss_records(redis: Redis, keys: Keys, group: str) -> list[dict[bytes,
 
 async def counted(redis: Redis, keys: Keys, group: str, stream: str) -> int:
     return int(await redis.hget(keys.lost(group), stream) or 0)
+
+
+@pytest.fixture
+def receiver() -> Iterator[OTLPReceiver]:
+    """A real OTLP/HTTP receiver the restarted hook services export their metrics to."""
+    with OTLPReceiver() as running:
+        yield running
+
+
+def otel(receiver: OTLPReceiver) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+    }
 
 
 def metric_total(receiver: OTLPReceiver, group: str) -> int:
@@ -192,7 +207,7 @@ async def test_sync_requests_and_decisions_cut_while_pending_are_dead_lettered(
 
 
 async def test_an_async_group_down_while_three_caps_are_published_gets_all_or_the_exact_loss(
-    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, receiver: OTLPReceiver
 ) -> None:
     settings = scaled(bus_settings)
     keys = Keys(settings.prefix)
@@ -200,46 +215,41 @@ async def test_an_async_group_down_while_three_caps_are_published_gets_all_or_th
     record = tmp_path / "late.txt"
     cfg = AsyncConfig(name="Late", record=str(record))
     total = 3 * hard_cap(settings.events_maxlen)
-    with OTLPReceiver() as receiver:
-        otel = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_METRIC_EXPORT_INTERVAL": "300",
-        }
-        try:
-            first = start_async(procs, settings, cfg)
-            await wait_group(redis, keys, "Late")
-            stop(first)  # the group exists; its service is down
-            payloads = [event(i) for i in range(total)]
-            ids = [msgspec.json.decode(p)["id"] for p in payloads]
-            await publish_capped(redis, ev(keys), payloads, hard_cap(settings.events_maxlen))
-            kept = await redis.xlen(ev(keys))
-            lost = total - kept
-            assert lost > 0
-            assert lag_row(settings, ev(keys))[2:5] == [str(kept), "0", str(lost)]
-            [(first_kept, _)] = await redis.xrange(ev(keys), count=1)
-            start_async(procs, settings, cfg, **otel)
+    try:
+        first = start_async(procs, settings, cfg)
+        await wait_group(redis, keys, "Late")
+        stop(first)  # the group exists; its service is down
+        payloads = [event(i) for i in range(total)]
+        ids = [msgspec.json.decode(p)["id"] for p in payloads]
+        await publish_capped(redis, ev(keys), payloads, hard_cap(settings.events_maxlen))
+        kept = await redis.xlen(ev(keys))
+        lost = total - kept
+        assert lost > 0
+        assert lag_row(settings, ev(keys))[2:5] == [str(kept), "0", str(lost)]
+        [(first_kept, _)] = await redis.xrange(ev(keys), count=1)
+        start_async(procs, settings, cfg, **otel(receiver))
 
-            async def all_or_counted() -> bool:
-                handled = len(recorded(record))
-                return handled + await counted(redis, keys, "Late", ev(keys)) == total
+        async def all_or_counted() -> bool:
+            handled = len(recorded(record))
+            return handled + await counted(redis, keys, "Late", ev(keys)) == total
 
-            await wait_for(all_or_counted, 60, "every event handled or counted as lost")
-            await wait_for(lambda: caught_up(redis, ev(keys), "Late"), 30, "caught up")
-            assert recorded(record) == set(ids[lost:])  # the newest, every one of them
-            [letter] = await loss_records(redis, keys, "Late")
-            assert int(letter[b"lost"]) == lost and letter[b"groups"] == b"Late"
-            assert letter[b"before"] == first_kept
-            assert f"{lost} entries of {ev(keys)} cut by its hard cap" in procs.logs()
-            await wait_for(lambda: metric_total(receiver, "Late") == lost, 30, "the metric")
-            assert lag_row(settings, ev(keys))[2:5] == ["0", "0", str(lost)]
-            print(f"group down: {total} published, cap {hard_cap(settings.events_maxlen)}: "
-                  f"{len(recorded(record))} handled, {lost} lost and reported")  # fmt: skip
-        finally:
-            await redis.aclose()
+        await wait_for(all_or_counted, 60, "every event handled or counted as lost")
+        await wait_for(lambda: caught_up(redis, ev(keys), "Late"), 30, "caught up")
+        assert recorded(record) == set(ids[lost:])  # the newest, every one of them
+        [letter] = await loss_records(redis, keys, "Late")
+        assert int(letter[b"lost"]) == lost and letter[b"groups"] == b"Late"
+        assert letter[b"before"] == first_kept
+        assert f"{lost} entries of {ev(keys)} cut by its hard cap" in procs.logs()
+        await wait_for(lambda: metric_total(receiver, "Late") == lost, 30, "the metric")
+        assert lag_row(settings, ev(keys))[2:5] == ["0", "0", str(lost)]
+        print(f"group down: {total} published, cap {hard_cap(settings.events_maxlen)}: "
+              f"{len(recorded(record))} handled, {lost} lost and reported")  # fmt: skip
+    finally:
+        await redis.aclose()
 
 
 async def test_a_killed_replicas_pending_entries_cut_by_the_cap_are_dead_lettered_one_by_one(
-    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, receiver: OTLPReceiver
 ) -> None:
     settings = scaled(bus_settings)
     keys = Keys(settings.prefix)
@@ -262,12 +272,8 @@ async def test_a_killed_replicas_pending_entries_cut_by_the_cap_are_dead_lettere
         more = [event(i) for i in range(3 * cap)]
         await publish_capped(redis, ev(keys), more, cap)
         kept = await redis.xlen(ev(keys))
-        assert lag_row(settings, ev(keys))[2:5] == [
-            str(kept),
-            "0",
-            str(30 + 3 * cap - kept),
-        ]
-        start_async(procs, settings, AsyncConfig(name="Held", record=str(record)))
+        assert lag_row(settings, ev(keys))[2:5] == [str(kept), "0", str(30 + 3 * cap - kept)]
+        start_async(procs, settings, AsyncConfig(name="Held", record=str(record)), **otel(receiver))
 
         async def all_or_counted() -> bool:
             lost = await counted(redis, keys, "Held", ev(keys))
@@ -284,11 +290,9 @@ async def test_a_killed_replicas_pending_entries_cut_by_the_cap_are_dead_lettere
         newest = {msgspec.json.decode(p)["id"] for p in more[-kept:]}
         assert recorded(record) == newest
         assert f"pending entries of group Held on {ev(keys)} were {TRIMMED}" in procs.logs()
-        assert lag_row(settings, ev(keys))[2:5] == [
-            "0",
-            "0",
-            str(30 + 3 * cap - kept),
-        ]
+        lost = 30 + 3 * cap - kept
+        await wait_for(lambda: metric_total(receiver, "Held") == lost, 30, "the metric")
+        assert lag_row(settings, ev(keys))[2:5] == ["0", "0", str(30 + 3 * cap - kept)]
         print(f"killed replica: 30 held + {3 * cap} published, cap {cap}: "
               f"{len(recorded(record))} handled, {len(one_by_one)} pending cut (one dead letter "
               f"each), {3 * cap - kept} never delivered cut (one record)")  # fmt: skip
@@ -297,17 +301,17 @@ async def test_a_killed_replicas_pending_entries_cut_by_the_cap_are_dead_lettere
 
 
 async def test_the_audit_trail_cut_while_the_audit_log_is_down_is_counted_exactly(
-    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, receiver: OTLPReceiver
 ) -> None:
     settings = scaled(bus_settings)
     keys = Keys(settings.prefix)
     redis = Redis.from_url(settings.redis_url)
     db = tmp_path / "audit.db"
 
-    def audit_log() -> Any:
+    def audit_log(**env: str) -> Any:
         return procs.worker(
             settings, "workers.audit:AsyncAuditLogHook", "audit",
-            HOOKBUS_AUDIT_DB=str(db), **caps_env(settings),
+            HOOKBUS_AUDIT_DB=str(db), **caps_env(settings), **env,
         )  # fmt: skip
 
     group = "AsyncAuditLogHook"
@@ -324,7 +328,7 @@ async def test_the_audit_trail_cut_while_the_audit_log_is_down_is_counted_exactl
         await publish_capped(redis, keys.audit, [encode(r) for r in records], cap)
         kept = await redis.xlen(keys.audit)
         assert lag_row(settings, keys.audit)[2:5] == [str(kept), "0", str(total - kept)]
-        audit_log()
+        audit_log(**otel(receiver))
 
         async def all_or_counted() -> bool:
             rows = len(audit_events(db, "event_id"))
@@ -336,6 +340,7 @@ async def test_the_audit_trail_cut_while_the_audit_log_is_down_is_counted_exactl
         [letter] = await loss_records(redis, keys, group)
         assert int(letter[b"lost"]) == total - kept
         assert f"{total - kept} entries of {keys.audit} cut by its hard cap" in procs.logs()
+        await wait_for(lambda: metric_total(receiver, group) == total - kept, 30, "the metric")
         assert lag_row(settings, keys.audit)[2:5] == ["0", "0", str(total - kept)]
         print(f"audit trail: {total} records, cap {cap}: {kept} stored, {total - kept} lost and "
               "reported")  # fmt: skip

@@ -29,7 +29,7 @@ from tests.harness import ROOT, Processes, until, worker_env
 from workers.launcher import DEMO, STACK
 from workers.redis_server import free_port
 
-MARK = "HOOKBUS_UP_TEST_MARK"
+MARK = "HOOKBUS_TEST_UP_MARK"
 SERVICES = {
     "coordinator", "cancellation", "audit-log", "metrics", "secret-guard-1", "secret-guard-2",
 }  # fmt: skip
@@ -250,7 +250,7 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     )
     assert hookbus(s, "coordinator", "--check") == (
         1,
-        f"hookbus: no coordinator has started: {prefix}:decisions has no group coordinators",
+        f"hookbus: no coordinator has a heartbeat in {prefix}:coordinators",
     )
 
     worker = procs.worker(s, guard, "guard")
@@ -264,9 +264,8 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
         0,
         f"ok: hook SecretGuard: 1 live replica on {host} (of 1)",
     )
-    until(lambda: hookbus(s, "coordinator", "--check")[0] == 0, "the coordinators group")
-    code, line = hookbus(s, "coordinator", "--check")
-    assert line.startswith(f"ok: coordinator group coordinators on {prefix}:decisions exists")
+    until(lambda: hookbus(s, "coordinator", "--check")[0] == 0, "a live coordinator")
+    assert hookbus(s, "coordinator", "--check") == (0, "ok: coordinator: 1 live replica (of 1)")
 
     # The replica stops: it deregisters.
     worker.send_signal(signal.SIGTERM)

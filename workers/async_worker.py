@@ -59,9 +59,18 @@ from bus.protocol import (
     encode,
     new_id,
     now_ms,
+    retired_hook,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import UNREACHABLE, Entry, connect, dead_letter_entry, group_lost, retire_replica
+from bus.redis_io import (
+    UNREACHABLE,
+    Entry,
+    connect,
+    current_manifest,
+    dead_letter_entry,
+    group_lost,
+    retire_replica,
+)
 from bus.retention import Gap, Retention, group_backlogs
 from bus.settings import BusSettings, HookSettings
 
@@ -157,6 +166,7 @@ class AsyncHookWorker:
         for side in self.sides:
             await self.retention.create_group(side, self.group, start="0")
         manifest = HookManifest.of(self.spec, "async", now_ms())
+        await current_manifest(self.redis, self.keys, self.group)  # refused if it was removed
         await write_manifest(self.redis, self.keys, self.group, encode(manifest))
         await self.clock.measure(self.redis, START_SAMPLES)
         await self._heartbeat(measure=False)
@@ -280,7 +290,10 @@ class AsyncHookWorker:
         )
         if gap:
             self._gaps.append(gap)
-        await self._record_gaps()
+        try:
+            await self._record_gaps()
+        except UNREACHABLE as exc:  # the entries read are handled; the keep-alive retries
+            log.warning("could not record entries lost yet (%s); retrying", exc)
         return entries
 
     async def _record_gaps(self) -> None:
@@ -477,7 +490,10 @@ class AsyncHookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
-                    await self._heartbeat()
+                    if await self._heartbeat():
+                        log.warning("hook %s was removed by an operator; stopping", self.group)
+                        stop.set()
+                        return
                     last_beat = time.monotonic()
                 for stream in self.streams:
                     await self._keep(stream)
@@ -518,15 +534,18 @@ class AsyncHookWorker:
                 backlog += (mine["lag"] or 0) + mine["pending"]
         self.backlog = backlog
 
-    async def _heartbeat(self, measure: bool = True) -> None:
-        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it."""
+    async def _heartbeat(self, measure: bool = True) -> bool:
+        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it. True
+        if an operator removed the hook (its manifest is a tombstone): time to stop."""
         if measure:
             await self.clock.measure(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.manifest(self.group))
             pipe.zadd(self.keys.replicas(self.group), {self.replica: self.clock.now_ms()})
             if self.clock.measured:
                 pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
-            await pipe.execute()
+            current = (await pipe.execute())[0]
+        return retired_hook(current) is not None
 
     async def _claim(self, stream: str) -> None:
         """Take over entries another replica left idle past ``claim_idle_secs`` (it died or

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from bus import limits
 from bus.actions import (
     CONTINUE,
     Block,
@@ -64,7 +65,6 @@ from bus.events import (
     SubagentStartContext,
     SubagentStopContext,
 )
-from bus.protocol import MAX_MESSAGE_BYTES
 from workers.cancellation import RedisCancellationHook
 
 log = logging.getLogger("hookbus.claude_code")
@@ -190,13 +190,10 @@ def to_hookbus(body: bytes) -> Call | None:
     Raises ProtocolError (naming the field, e.g. ``$.tool_name``) on input that is not Claude
     Code's: not JSON, not an object, a required field missing or of the wrong type.
     """
-    if len(body) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(
-            f"hook input of {len(body)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit"
-        )
+    limits.check(body, "hook input")  # size, nesting, containers: LimitError, before parsing
     try:
         data = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
+    except Exception as exc:  # DecodeError, or whatever else the parser raises
         raise ProtocolError(f"the hook input is not JSON: {exc}") from exc
     try:
         head = msgspec.convert(data, _Head)
@@ -467,8 +464,9 @@ def from_command(event: HookEvent, ctx: HookContext, status: int, stdout: str, s
     if not text.startswith("{"):
         return _quiet(event, CONTINUE)  # plain text is shown only in Claude Code's transcript
     try:
+        limits.check(text.encode(), "the hook command's output")
         answer = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # LimitError is a ValueError too
         raise CommandFailed(f"the hook command printed invalid JSON: {exc}") from exc
     if not isinstance(answer, dict):
         raise CommandFailed("the hook command printed JSON that is not an object")

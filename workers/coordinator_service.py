@@ -52,6 +52,7 @@ from bus.redis_io import (
     consume,
     dead_letter,
     ensure_group,
+    hand_over,
     keep_and_claim,
 )
 from bus.runner import check_context
@@ -193,6 +194,16 @@ def qualify(ctx: HookContext, tenant: str) -> HookContext:
     return msgspec.structs.replace(ctx, **changes)
 
 
+def refused_reply(request_id: str, event: HookEvent, error: LimitError) -> DecisionReply:
+    """The reply to a decision request whose context no hook could be shown (``read_request``
+    raised LimitError): the refusal's result (protocol.md 5.6), never an error the agent could
+    take for "no objection"."""
+    result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(error))
+    return DecisionReply(
+        id=new_id(), ts=now_ms(), request_id=request_id, event=event, result=result
+    )
+
+
 class CoordinatorService:
     """One replica of the coordinator service.
 
@@ -241,6 +252,7 @@ class CoordinatorService:
                 await self._serve(Source(partition), stop)
             with contextlib.suppress(*UNREACHABLE):
                 await self._serve_tenants(stop)
+            await self._beat()
             self.ready.set()
             log.info(
                 "coordinator %s answering %s",
@@ -257,6 +269,8 @@ class CoordinatorService:
             tasks = [t for flights in self._in_flight.values() for t in flights.values()]
             if tasks:
                 await asyncio.wait(tasks, timeout=30)
+            with contextlib.suppress(*UNREACHABLE):
+                await self._retire()
             await self.coordinator.close()
             self.expired.flush()
             log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
@@ -306,13 +320,37 @@ class CoordinatorService:
         flights[entry_id] = task
         task.add_done_callback(lambda _: flights.pop(entry_id, None))
 
+    async def _beat(self) -> None:
+        """The heartbeat: ``hookbus coordinator --check`` counts replicas that beat lately."""
+        await self.redis.zadd(
+            self.keys.coordinators, {self.coordinator.id: self.coordinator.clock.now_ms()}
+        )
+
+    async def _retire(self) -> None:
+        """Clean shutdown: no longer counted live; unanswered requests go to the live replicas
+        at once (not discarded, nor left waiting ``claim_idle_secs``)."""
+        await self.redis.zrem(self.keys.coordinators, self.coordinator.id)
+        idle_ms = int(self.settings.claim_idle_secs * 1000)
+        me = self.coordinator.id
+        for source in self.sources:
+            stream = source.stream
+            if left := await hand_over(self.redis, stream, COORDINATORS_GROUP, me, idle_ms):
+                log.warning("%d unanswered decision requests of %s handed over", left, stream)
+
     async def _keep_and_claim(self, stop: asyncio.Event) -> None:
         """Keep the requests being answered ours, and answer those a replica that died or froze
         left unanswered (while their agent still waits: expired ones are dropped); pick up
         tenants added since."""
         idle_ms = int(self.settings.claim_idle_secs * 1000)
         next_tenants = time.monotonic() + self.TENANTS_REFRESH_SECS
+        last_beat = time.monotonic()
         while not stop.is_set():
+            if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
+                try:
+                    await self._beat()
+                    last_beat = time.monotonic()
+                except UNREACHABLE as exc:
+                    log.debug("heartbeat failed: %s", exc)
             for source in self.sources:
                 try:
                     for entry_id, fields in await keep_and_claim(
@@ -340,7 +378,9 @@ class CoordinatorService:
                 except UNREACHABLE as exc:
                     log.debug("reading tenants failed: %s", exc)
             self.expired.tick()
-            await asyncio.sleep(self.settings.claim_idle_secs / 3)
+            await asyncio.sleep(
+                min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
+            )
 
     async def _answer_safely(
         self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]
@@ -436,7 +476,7 @@ class CoordinatorService:
     def _now(self) -> int:
         return self.coordinator.clock.now_ms()
 
-    def _sent(self, entry_id: bytes, request: DecisionRequest) -> int:
+    def _sent(self, entry_id: bytes, request: DecisionRequest | _Head) -> int:
         """When the request's ``timeout_ms`` starts: its ``ts``, unless that is further than the
         clock bound from when Redis took it (the entry id's milliseconds, on Redis's clock): an
         agent whose clock is off must not have its requests dropped (or kept) by that error."""
@@ -483,16 +523,13 @@ class CoordinatorService:
             await dead_letter(
                 self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
             )
-        if head.ts and head.ts + head.timeout_ms < now_ms():
+        if head.ts and self._sent(entry_id, head) + head.timeout_ms < self._now():
             self.stats["expired"] += 1
+            self.expired.drop(f"refused request {head.id} for {event.value}")
             with contextlib.suppress(*UNREACHABLE):
                 await self._ack(source, entry_id)
             return
-        result = None if event == HookEvent.PERMISSION_DENIED else refusal(event, str(exc))
-        reply = DecisionReply(
-            id=new_id(), ts=now_ms(), request_id=head.id, event=event, result=result
-        )
-        await self._send(source, entry_id, head.reply_to, reply)
+        await self._send(source, entry_id, head.reply_to, refused_reply(head.id, event, exc))
 
     async def _reject(
         self,

@@ -71,7 +71,7 @@ async def skewed_replicas(
     """Live replicas of ``hook`` (on ``host`` only, if given) whose published clock offset is
     beyond the bound, with that offset. ``offset_ms`` is this host's own, to judge liveness on
     Redis's clock."""
-    from workers.cli.check import on_host
+    from workers.cli.check import on_host  # imported lazily: workers.cli imports this module
 
     live_since = local_ms() - offset_ms - int(settings.liveness_secs * 1000)
     live: Any = await redis.zrange(keys.replicas(hook), live_since, "+inf", byscore=True)

@@ -180,7 +180,7 @@ class Stack:
 
     async def pending(self, redis: Any, keys: Keys, settings: BusSettings) -> list[str]:
         """The children not ready yet: a hook replica without a fresh heartbeat under its own
-        pid; a coordinator while its consumer group does not exist (``coordinator --check``)."""
+        pid; a coordinator while no coordinator replica beats (``coordinator --check``)."""
         from workers.cli.check import coordinator_status
 
         live_ms = settings.liveness_secs * 1000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -25,6 +26,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from bus import limits
 from bus.breakglass import BreakGlass, switch
 from bus.clock import redis_ms
 from bus.coordinator import AUDIT_MAXLEN
@@ -39,10 +41,12 @@ from bus.protocol import (
     ControlMessage,
     EventMessage,
     HookManifest,
+    RetiredHook,
     decode,
     encode,
     new_id,
     now_ms,
+    retired_hook,
 )
 from bus.retention import hard_cap
 
@@ -113,6 +117,16 @@ async def list_hooks(
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
         live, total, last, stopped = await _replicas(redis, keys, name, liveness_secs, now)
+        tomb = retired_hook(value)
+        if tomb is not None:
+            by = f" by {tomb.by}" if tomb.by else ""
+            problem = (
+                f"removed{by} {_ago(_secs(now - tomb.at))} ago; coordinators ignore it "
+                f"(hookbus hooks restore {name} to serve it again)"
+            )
+            row = HookRow(name, kind="removed", live=live, replicas=total, problem=problem)
+            rows.append(dataclasses.replace(row, last_heartbeat_secs=last, stopped_secs=stopped))
+            continue
         try:
             manifest = decode(value, HookManifest)
             if manifest.name != name:
@@ -178,6 +192,67 @@ async def _replicas(
         return 0, 0, None, stopped
     live = sum(1 for s in scores if now - s <= liveness_secs * 1000)
     return live, len(scores), _secs(now - max(scores)), stopped
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What ``hookbus hooks remove`` did."""
+
+    kind: str  # "sync", "async", or "?" for a manifest that did not decode
+    live: int  # replicas still live when it stopped waiting
+    group_destroyed: bool  # an async hook's group on {p}:events is gone (retention moves on)
+
+
+async def remove_hook(
+    redis: Redis, keys: Keys, name: str, by: str, liveness_secs: float, wait_secs: float
+) -> Removal:
+    """Retire a hook for good, safely while its replicas run.
+
+    Its manifest is replaced (one ``SET``) by a ``RetiredHook`` tombstone, which every
+    coordinator ignores and which a replica's heartbeat (``SET … NX``) cannot overwrite; each
+    replica sees it at its next heartbeat and stops, and a replica that starts refuses to serve
+    the hook. Its mode override goes too. Once no replica is live (at most ``wait_secs``), an
+    async hook's consumer group on every events partition is destroyed, so that retention no
+    longer keeps events for it.
+    """
+    check_name("hook name", name)
+    raw: Any = await redis.get(keys.manifest(name))
+    if raw is None:
+        raise InvalidInputError(f"no hook named {name!r} is registered (see hookbus hooks list)")
+    if retired_hook(raw) is not None:
+        raise InvalidInputError(f"hook {name!r} is removed already (see hookbus hooks list)")
+    try:
+        kind: str = decode(raw, HookManifest).kind
+    except ProtocolError:
+        kind = "?"  # a malformed manifest can be removed all the same
+    tomb = RetiredHook(retired=name, at=now_ms(), by=by)
+    await redis.set(keys.manifest(name), encode(tomb))
+    await redis.hdel(keys.modes, name)
+    await redis.publish(keys.control, encode(ControlMessage(type="manifest", name=name)))
+    deadline = asyncio.get_running_loop().time() + wait_secs
+    while True:
+        live, _, _, _ = await _replicas(redis, keys, name, liveness_secs, now_ms())
+        if not live or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    destroyed = False
+    if kind != "sync" and not live:
+        for partition in keys.event_partitions:
+            try:
+                destroyed = bool(await redis.xgroup_destroy(partition, name)) or destroyed
+            except ResponseError as exc:  # no such partition stream
+                if "no such key" not in str(exc).lower():
+                    raise
+    return Removal(kind, live, destroyed)
+
+
+async def restore_hook(redis: Redis, keys: Keys, name: str) -> None:
+    """Undo ``remove_hook``: delete the tombstone, so that the hook's replicas may register."""
+    check_name("hook name", name)
+    raw: Any = await redis.get(keys.manifest(name))
+    if retired_hook(raw) is None:
+        raise InvalidInputError(f"hook {name!r} was not removed: nothing to restore")
+    await redis.delete(keys.manifest(name))
 
 
 # -- lag --------------------------------------------------------------------------------------
@@ -657,7 +732,7 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
             last = _ago(r.last_heartbeat_secs) if r.replicas else "never"
         live = f"{r.live} of {r.replicas}" if r.replicas != r.live else str(r.live)
         if r.problem:
-            cells = (r.name, "?", "-", "-", "-", "-", "-", "-", live, last, r.problem)
+            cells = (r.name, r.kind, "-", "-", "-", "-", "-", "-", live, last, r.problem)
             _row(table, *cells, style="red")
             continue
         match = [f"tool {p}" for p in r.tool_names] + [f"content {p}" for p in r.tool_content]
@@ -770,9 +845,10 @@ def render_dead_letter(letter: DeadLetter) -> RenderableType:
     for name, value in letter.fields.items():
         if name != "data":
             table.add_row(name, Text(value))
-    try:
+    try:  # a dead letter is often what no decoder could take: bounded before it is parsed
+        limits.check(letter.data.encode("utf-8", "surrogatepass"), "data")
         pretty = json.dumps(json.loads(letter.data), indent=2, ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return Group(table, Text("data:", style="bold"), Text(letter.data))
     return Group(table, Text("data (JSON):", style="bold"), Text(pretty))
 

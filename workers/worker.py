@@ -27,12 +27,12 @@ from typing import Any
 
 import msgspec
 from opentelemetry.trace import Status, StatusCode
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS
 from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
-from bus.directory import read_manifest, write_manifest
+from bus.directory import write_manifest
 from bus.dispatch import eager
 from bus.errors import ConfigError, LimitError, ProtocolError
 from bus.events import tool_of
@@ -50,6 +50,7 @@ from bus.protocol import (
     encode,
     new_id,
     now_ms,
+    retired_hook,
 )
 from bus.ratelog import RateLimitedLog
 from bus.redis_io import (
@@ -57,8 +58,10 @@ from bus.redis_io import (
     Settled,
     connect,
     consume,
+    current_manifest,
     dead_letter,
     ensure_group,
+    hand_over,
     keep_and_claim,
     retire_replica,
 )
@@ -143,7 +146,7 @@ class HookWorker:
 
     async def register(self) -> None:
         """Publish the manifest, make sure the group exists, and announce this replica."""
-        previous = await read_manifest(self.redis, self.keys, self.spec.name)
+        previous = await current_manifest(self.redis, self.keys, self.spec.name)
         registered_at = now_ms()
         if previous:
             with contextlib.suppress(ProtocolError):
@@ -164,8 +167,9 @@ class HookWorker:
     async def deregister(self) -> None:
         await retire_replica(self.redis, self.keys, self.spec.name, self.replica)
         await self._announce("deregister")
-        with contextlib.suppress(ResponseError):
-            await self.redis.xgroup_delconsumer(self.stream, WORKERS_GROUP, self.replica)
+        idle_ms = int(self.settings.claim_idle_secs * 1000)
+        if left := await hand_over(self.redis, self.stream, WORKERS_GROUP, self.replica, idle_ms):
+            log.warning("%d unfinished requests handed over to the other replicas", left)
 
     async def _announce(self, kind: str) -> None:
         note = ControlMessage(type=kind, name=self.spec.name, replica=self.replica)  # type: ignore[arg-type]
@@ -431,7 +435,10 @@ class HookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
-                    await self._heartbeat()
+                    if await self._heartbeat():
+                        log.warning("hook %s was removed by an operator; stopping", self.spec.name)
+                        stop.set()
+                        return
                     last_beat = time.monotonic()
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
@@ -453,16 +460,21 @@ class HookWorker:
         if self.clock.measured:
             pipe.hset(self.keys.clocks(self.spec.name), self.replica, self.clock.offset_ms)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self) -> bool:
         """Measure the clock, say this replica is alive; restore the manifest if Redis lost it
-        (a restart)."""
+        (a restart). True if an operator removed the hook (its manifest is a tombstone): time
+        to stop."""
         await self.clock.measure(self.redis)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.manifest(self.spec.name), self.manifest, nx=True)
+            pipe.get(self.keys.manifest(self.spec.name))
             pipe.sadd(self.keys.hooks, self.spec.name)
             self._beat(pipe)
-            restored = (await pipe.execute())[0]
+            restored, current = (await pipe.execute())[:2]
+        if retired_hook(current) is not None:
+            return True
         if restored:
             log.warning("manifest of %s was missing (Redis restarted?); restored", self.spec.name)
             await self._ensure_group()
             await self._announce("manifest")
+        return False

@@ -38,7 +38,7 @@ from tests.chaos.conftest import Freezer, Ledger
 from tests.chaos.load import GUARD_TIMEOUT, PRE, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live, worker_env
 
-LOAD_SECS = float(os.environ.get("HOOKBUS_CHAOS_SECS", "16"))
+LOAD_SECS = float(os.environ.get("HOOKBUS_TEST_CHAOS_SECS", "16"))
 pytestmark = pytest.mark.timeout(LOAD_SECS + 200)
 AGENTS = 8
 

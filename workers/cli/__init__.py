@@ -66,6 +66,14 @@ def _verbose_everywhere(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from bus.settings import unknown_variables
+
+    if unknown := unknown_variables():  # one line at start-up: a typo otherwise means a default
+        print(
+            f"hookbus: warning: unknown environment variable{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)}: ignored (docs/protocol.md, section 2, lists those read)",
+            file=sys.stderr,
+        )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

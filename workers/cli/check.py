@@ -67,33 +67,25 @@ async def hook_status(
     )
 
 
-async def coordinator_status(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
-    """Whether the coordinator service is up, as far as Redis can tell: Redis answers and the
-    group ``coordinators`` on ``{p}:decisions`` exists (each replica creates it at start).
+async def coordinator_status(
+    redis: Redis, keys: Keys, settings: BusSettings, host: str | None = None
+) -> tuple[bool, str]:
+    """Whether a coordinator service replica (on ``host`` only, if given) is live: its heartbeat
+    in ``{p}:coordinators`` is within ``liveness_secs``; and a line saying so."""
+    from bus.protocol import now_ms
 
-    Not which replica reads: Redis before 7.2 neither lists a consumer that has not been handed
-    an entry yet nor refreshes its idle time on an empty blocking read, so consumer activity
-    says nothing about an idle coordinator.
-    """
-    from redis.exceptions import ResponseError
-
-    from bus.keys import COORDINATORS_GROUP
-
-    stream = keys.decision_partitions[0]  # every replica creates the group on each partition
-    try:
-        groups: Any = await redis.xinfo_groups(stream)
-    except ResponseError as exc:
-        if "no such key" not in str(exc):
-            raise
-        groups = []
-    mine = [g for g in groups if text(g["name"]) == COORDINATORS_GROUP]
-    if not mine:
-        return False, (f"no coordinator has started: {stream} has no group {COORDINATORS_GROUP}")
-    group = mine[0]
-    lag = "?" if group.get("lag") is None else str(group["lag"])
-    return True, (
-        f"coordinator group {COORDINATORS_GROUP} on {stream} exists "
-        f"({group['consumers']} consumers, {group['pending']} pending, lag {lag})"
+    beats: Any = await redis.zrange(keys.coordinators, 0, -1, withscores=True)
+    now, live_ms = now_ms(), settings.liveness_secs * 1000
+    ages = [now - float(s) for m, s in beats if host is None or on_host(text(m), host)]
+    live = sum(1 for a in ages if a <= live_ms)
+    where = f" on {host}" if host is not None else ""
+    if live:
+        return True, f"coordinator: {live} live replica{plural(live)}{where} (of {len(ages)})"
+    if not ages:
+        return False, f"no coordinator{where} has a heartbeat in {keys.coordinators}"
+    return False, (
+        f"no live coordinator{where}: last heartbeat {max(0.0, min(ages)) / 1000:.1f}s ago "
+        f"(live means within {settings.liveness_secs:g}s)"
     )
 
 
@@ -150,7 +142,12 @@ def worker_check(args: argparse.Namespace) -> int:
 
 
 def coordinator_check(args: argparse.Namespace) -> int:
-    return run_check(args, coordinator_status)
+    host = socket.gethostname() if args.here else None
+
+    async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
+        return await coordinator_status(redis, keys, settings, host)
+
+    return run_check(args, probe)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -167,7 +164,8 @@ def add_check_options(p: argparse.ArgumentParser, healthy: str, here: bool = Tru
         p.add_argument(
             "--here",
             action="store_true",
-            help="with --check: count only replicas on this host (this container or pod)",
+            help="with --check: count only replicas whose id names this host (this container "
+            "or pod)",
         )
 
 

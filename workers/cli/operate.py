@@ -75,12 +75,51 @@ def _hooks_mode(args: argparse.Namespace) -> int:
     from bus.protocol import ControlMessage, encode
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        from bus.protocol import retired_hook
+
+        if retired_hook(await redis.get(keys.manifest(args.name))) is not None:
+            raise ConfigError(f"hook {args.name!r} was removed (see hookbus hooks list)")
         if not await redis.sismember(keys.hooks, args.name):
             raise ConfigError(f"no hook named {args.name!r} is registered (see hookbus hooks list)")
         await redis.hset(keys.modes, args.name, args.mode)
         # Coordinators refresh their directory at once on this announcement.
         await redis.publish(keys.control, encode(ControlMessage(type="manifest", name=args.name)))
         print(f"hook {args.name} is now in {args.mode} mode")
+
+    with_redis(args, work)
+    return 0
+
+
+def _hooks_remove(args: argparse.Namespace) -> int:
+    from workers.operator import remove_hook
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+        done = await remove_hook(redis, keys, args.name, args.by, settings.liveness_secs, args.wait)
+        print(
+            f"hook {args.name} removed: coordinators no longer select it, and its replicas "
+            f"stop at their next heartbeat (undo: hookbus hooks restore {args.name})"
+        )
+        if done.live:
+            print(
+                f"hookbus: {done.live} replica{'' if done.live == 1 else 's'} of {args.name} "
+                f"still live after {args.wait:g}s: stop them (and their deployment); "
+                + ("its events group was kept" if done.kind != "sync" else ""),
+                file=sys.stderr,
+            )
+            return 1
+        if done.group_destroyed:
+            print(f"its consumer group on {keys.events} is destroyed: retention moves on")
+        return 0
+
+    return with_redis(args, work)
+
+
+def _hooks_restore(args: argparse.Namespace) -> int:
+    from workers.operator import restore_hook
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        await restore_hook(redis, keys, args.name)
+        print(f"hook {args.name} restored: start its replicas to serve it again")
 
     with_redis(args, work)
     return 0
@@ -351,13 +390,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hooks_mode.add_argument("name", help="the hook's name")
     hooks_mode.add_argument("mode", choices=["enforce", "warn", "dryrun"])
     hooks_mode.set_defaults(func=_hooks_mode)
+    who = f"{os.environ.get('USER', 'operator')}@{socket.gethostname()}"
+    hooks_remove = add_redis_options(
+        hooks_sub.add_parser(
+            "remove",
+            help="retire a hook for good, safe while its replicas run: coordinators stop "
+            "selecting it, its replicas stop, new ones refuse to serve it",
+        )
+    )
+    hooks_remove.add_argument("name", help="the hook's name")
+    hooks_remove.add_argument("--by", default=who, help=f"who removes it ({who})")
+    hooks_remove.add_argument(
+        "--wait", type=duration, default=10.0, metavar="DURATION",
+        help="how long to wait for its replicas to stop (10s)",
+    )  # fmt: skip
+    hooks_remove.set_defaults(func=_hooks_remove)
+    hooks_restore = add_redis_options(
+        hooks_sub.add_parser("restore", help="undo hooks remove: its replicas may register again")
+    )
+    hooks_restore.add_argument("name", help="the hook's name")
+    hooks_restore.set_defaults(func=_hooks_restore)
 
     glass = sub.add_parser(
         "breakglass",
         help="an audited, time-limited bypass: every enforcing hook only warns (on, off, status)",
     )
     glass_sub = glass.add_subparsers(dest="switch", required=True, metavar="ACTION")
-    who = f"{os.environ.get('USER', 'operator')}@{socket.gethostname()}"
     glass_on = add_redis_options(
         glass_sub.add_parser("on", help="switch the bypass on, with a reason")
     )

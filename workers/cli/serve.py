@@ -127,9 +127,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_check_options(
         coordinator,
-        "Redis answers and the coordinators group on PREFIX:decisions exists (every replica "
-        "creates it at start; Redis cannot tell an idle replica from a dead one)",
-        here=False,
+        "a coordinator replica is live (heartbeat in PREFIX:coordinators within "
+        "HOOKBUS_LIVENESS_SECS)",
     )
     coordinator.set_defaults(func=_coordinator)
 
