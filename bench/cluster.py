@@ -182,7 +182,7 @@ class Target:
         return {
             **hookbus_env(self.url, prefix),
             "HOOKBUS_PARTITIONS": str(self.partitions),
-            "HOOKBUS_SHARDS": str(self.shards),
+            "BENCH_SHARDS": str(self.shards),
             "HOOKBUS_DURABLE_REPLICAS": "1" if durable else "0",
         }
 
@@ -351,7 +351,7 @@ async def decisions_trial(
                 "agents",
                 "bench.cluster_load",
                 [kind, target.url, prefix, str(plan.sessions), str(plan.calls), hook],
-                {**env, "HOOKBUS_BENCH_AGENT": str(n)},
+                {**env, "BENCH_AGENT": str(n)},
             )
         await collect(
             redis,

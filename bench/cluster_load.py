@@ -5,7 +5,7 @@
     python -m bench.cluster_load floor-hook URL PREFIX HOOK
     python -m bench.cluster_load floor-consumer URL PREFIX GROUP
 
-``HOOKBUS_PARTITIONS`` and ``HOOKBUS_SHARDS`` (the hook's request shards) in the environment give
+``HOOKBUS_PARTITIONS`` and ``BENCH_SHARDS`` (the hook's request shards) in the environment give
 the key layout, which the floor shares with HookBus (bus/keys.py): the same streams on the same
 slots, so that both spread over a cluster alike. ``URL`` is ``redis://`` (one node) or
 ``redis+cluster://`` (redis-py's cluster client), for HookBus and floor alike.
@@ -66,9 +66,7 @@ def floor_connect(url: str) -> Redis:
 
 
 def layout() -> tuple[int, int]:
-    return int(os.environ.get("HOOKBUS_PARTITIONS", "1")), int(
-        os.environ.get("HOOKBUS_SHARDS", "1")
-    )
+    return int(os.environ.get("HOOKBUS_PARTITIONS", "1")), int(os.environ.get("BENCH_SHARDS", "1"))
 
 
 def shard_of(session_id: str, shards: int) -> int:
@@ -78,8 +76,8 @@ def shard_of(session_id: str, shards: int) -> int:
 
 def sessions(count: int) -> list[str]:
     """The same session ids for HookBus and the floor (so the same shards and partitions):
-    ``HOOKBUS_BENCH_AGENT`` numbers the agent process."""
-    return [f"bench-a{os.environ.get('HOOKBUS_BENCH_AGENT', '0')}-s{i}" for i in range(count)]
+    ``BENCH_AGENT`` numbers the agent process."""
+    return [f"bench-a{os.environ.get('BENCH_AGENT', '0')}-s{i}" for i in range(count)]
 
 
 async def ensure_group(redis: Redis, stream: str, group: str) -> None:

@@ -348,7 +348,8 @@ def test_dlq_show_prints_a_poison_message_nested_100000_levels_as_text(
     """What no decoder could take is still shown: as text, not parsed (no RecursionError)."""
     keys = Keys(bus_settings.prefix)
     poison = "[" * 100_000 + "]" * 100_000
-    entry = r.xadd(keys.dlq, {"source": keys.events, "reason": "nests more", "data": poison})
+    source = keys.event_partitions[0]
+    entry = r.xadd(keys.dlq, {"source": source, "reason": "nests more", "data": poison})
     out = ok(hookbus(bus_settings, "dlq", "show", entry.decode()))
     assert "data:" in out and "data (JSON):" not in out
     assert out.count("[") >= 100_000 and "Traceback" not in out
@@ -409,6 +410,7 @@ def test_metrics_shows_every_metrics_hash(bus_settings: BusSettings, r: redis.Re
     r.hincrbyfloat(keys.metrics("AsyncMetricsHook"), "tool_latency_ms_total", 12.25)
     r.hset(keys.metrics("Other"), "sessions_started", 1)
     r.set(keys.metrics("not-a-hash"), "x")
+    r.sadd(keys.hooks, "AsyncMetricsHook", "Other", "not-a-hash", "no-metrics")  # registered
     out = ok(hookbus(bus_settings, "metrics"))
     rows = [line.strip("│ ").split("│") for line in out.splitlines() if "│" in line]
     assert [[c.strip() for c in row] for row in rows] == [

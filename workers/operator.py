@@ -664,7 +664,10 @@ async def collect_metrics(redis: Redis, keys: Keys) -> dict[str, dict[str, str]]
     names = sorted(_text(m) for m in await redis.smembers(keys.hooks))
     out: dict[str, dict[str, str]] = {}
     for name in names:
-        figures: Any = await redis.hgetall(keys.metrics(name))
+        try:
+            figures: Any = await redis.hgetall(keys.metrics(name))
+        except ResponseError:  # WRONGTYPE: not a metrics hash; nothing to show
+            continue
         if figures:
             out[name] = {_text(k): _text(v) for k, v in figures.items()}
     return out
