@@ -60,6 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,15 +238,23 @@ class Meter:
             (cpu_seconds([pid]) or 0.0) - before
             for (_, pid), before in zip(self.target.masters, self.master_cpu0, strict=True)
         ]
-        calls = [_calls(client) for _, client in self.admin]
+        by_command = [_by_command(client) for _, client in self.admin]
+        calls = [sum(c.values()) for c in by_command]
         per_role = {
             role: round((cpu1[role] - self.cpu0[role]) / operations * 1e6, 1) for role in self.roles
         }
         return {
             "cpu_us": {"total": round(sum(per_role.values()), 1), **per_role},
             "masters": [
-                {"port": port, "calls": c, "cpu_s": round(cpu, 3)}
-                for (port, _), c, cpu in zip(self.target.masters, calls, master_cpu, strict=True)
+                {
+                    "port": port,
+                    "calls": c,
+                    "cpu_s": round(cpu, 3),
+                    "per_op": {k: round(v / operations, 3) for k, v in cmds.most_common(8)},
+                }
+                for (port, _), c, cpu, cmds in zip(
+                    self.target.masters, calls, master_cpu, by_command, strict=True
+                )
             ],
             "commands_per_op": round(sum(calls) / operations, 2),
         }
@@ -255,9 +264,20 @@ class Meter:
             client.close()
 
 
-def _calls(client: redis_py.Redis) -> int:
+def _by_command(client: redis_py.Redis) -> Counter[str]:
+    """Calls of each command since the last CONFIG RESETSTAT (CONFIG itself left out)."""
     stats: Any = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
+    return Counter(
+        {
+            k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in stats.items()
+            if k != "cmdstat_config"
+        }
+    )
+
+
+def _calls(client: redis_py.Redis) -> int:
+    return sum(_by_command(client).values())
 
 
 def shares(values: Sequence[float]) -> list[float]:
@@ -607,9 +627,10 @@ SCENARIOS = [
 
 async def run(plan: Plan, targets: dict[str, Target], children: Children) -> dict[str, Any]:
     warm, data = payloads(plan.warmup_events), payloads(plan.events)
-    trials: dict[tuple[str, str, str], list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
+    chosen = [s for s in SCENARIOS if s[0] in targets]
+    trials: dict[tuple[str, str, str], list[dict[str, Any]]] = {s: [] for s in chosen}
     for rnd in range(plan.rounds):
-        order = SCENARIOS[rnd % len(SCENARIOS) :] + SCENARIOS[: rnd % len(SCENARIOS)]
+        order = chosen[rnd % len(chosen) :] + chosen[: rnd % len(chosen)]
         for scenario in order:
             t, w, i = scenario
             tag = f"{rnd}"
@@ -703,13 +724,13 @@ def report(
             row["ratio_to_floor"] = _paired(ts, trials[(t, w, "floor")])
         if i == "durable":
             row["ratio_to_async"] = _paired(ts, trials[(t, w, "hookbus")])
-        if t == "cluster" and i != "durable":
+        if t == "cluster" and i != "durable" and ("node", w, i) in trials:
             row["ratio_to_node"] = _paired(ts, trials[("node", w, i)])
         row["capacity"] = capacity(row, len(targets[t].masters))
         rows.append(row)
     return {
         **header("cluster", plan.quick),
-        "redis_server": server_version(targets["node"]),
+        "redis_server": server_version(next(iter(targets.values()))),
         "redis_py": redis_py.__version__,
         "targets": {
             k: {
@@ -794,6 +815,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few calls, one round (smoke test)")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {FULL.rounds}; quick: 1)")
+    parser.add_argument(
+        "--only",
+        metavar="TARGET",
+        choices=["node", "cluster"],
+        help="one target (its ratios to the other are left out)",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.rounds is not None:
@@ -817,6 +844,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"; logs of the processes in {logdir}"
             )
             targets = {"node": node_target(server), "cluster": cluster_target(cluster)}
+            if args.only:
+                targets = {args.only: targets[args.only]}
             result = asyncio.run(run(plan, targets, children))
         finally:
             children.stop()

@@ -9,7 +9,9 @@ with 6 partitions:
   handled exactly once, and nothing stays pending;
 * a sync hook served with ``--shards 3`` answers sessions of every shard;
 * the operator commands (``hookbus hooks list``, ``lag``, ``metrics``, ``events tail``) see the
-  whole cluster: every partition and every shard, wherever its master is.
+  whole cluster: every partition and every shard, wherever its master is;
+* the stream reads and blocking pops of every role go straight to the key's master, never
+  through an extra ``COMMAND GETKEYS`` (bus/redis_io.py ClusterClient).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings, MutateInput
 from bus.events import PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.keys import Keys, partition_tag, shard_tag
+from bus.redis_io import connect
 from bus.settings import BusSettings
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig
@@ -261,3 +264,39 @@ async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
         return figures.get("events.PreToolUse") == str(len(sessions))
 
     await wait_for(counted, 60, "hookbus metrics to count every partition's events")
+
+
+def getkeys_calls(cluster: Any) -> int:
+    """``COMMAND GETKEYS`` calls on every node since the last ``CONFIG RESETSTAT``."""
+    total = 0
+    for node in cluster.nodes:
+        for line in cluster.info(node, "info", "commandstats").splitlines():
+            if line.startswith("cmdstat_command|getkeys:"):
+                total += int(line.split("calls=")[1].split(",")[0])
+    return total
+
+
+async def test_stream_reads_and_blocking_pops_go_to_their_keys_master_without_a_lookup(
+    settings: BusSettings, redis_cluster: Any
+) -> None:
+    keys = Keys.of(settings)
+    redis = connect(settings)
+    try:
+        streams = keys.event_partitions  # on all three masters
+        inboxes = [keys.inbox(f"i{n}") for n in range(6)]
+        for stream in streams:
+            await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+        for node in redis_cluster.nodes:
+            redis_cluster.info(node, "config", "resetstat")
+        for n, (stream, inbox) in enumerate(zip(streams, inboxes, strict=True)):
+            entry = await redis.xadd(stream, {"data": str(n)})
+            read: Any = await redis.xreadgroup("g", "c", {stream: ">"}, count=5, block=100)
+            assert read == [[stream.encode(), [(entry, {b"data": str(n).encode()})]]]
+            tailed: Any = await redis.xread({stream: "0-0"}, count=5, block=100)
+            assert tailed == read
+            await redis.rpush(inbox, f"reply-{n}")
+            popped: Any = await redis.blmpop(1, 1, inbox, direction="LEFT", count=10)
+            assert popped == [inbox.encode(), [f"reply-{n}".encode()]]
+        assert getkeys_calls(redis_cluster) == 0
+    finally:
+        await redis.aclose()
