@@ -347,6 +347,7 @@ async def decisions_trial(
     hook = Noop.name
     phase = Phase(children, prefix)
     redis = floor_connect(target.url)
+    clients0 = connected_clients(target)
     try:
         if impl == "floor":
             for _ in range(HOOK_REPLICAS):
@@ -392,6 +393,7 @@ async def decisions_trial(
         ]
         decisions = sum(d["calls"] for d in done)
         measured = meter.stop(decisions)
+        clients = [b - a for a, b in zip(clients0, connected_clients(target), strict=True)]
         meter.close()
     finally:
         phase.stop()
@@ -403,7 +405,17 @@ async def decisions_trial(
         "per_sec": round(decisions / seconds, 1),
         **measured,
         "keys": keys_per_master(target, prefix),
+        # connections the agent and hook processes hold on each master, per process
+        "connections_per_process": [round(c / (plan.agents + HOOK_REPLICAS), 1) for c in clients],
     }
+
+
+def connected_clients(target: Target) -> list[int]:
+    counts = []
+    for _, client in target.admin():
+        counts.append(int(client.info("clients")["connected_clients"]))
+        client.close()
+    return counts
 
 
 # -- one trial of events --------------------------------------------------------------------------
@@ -673,6 +685,11 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
             for k in range(masters)
         ],
         "keys": trials[-1]["keys"],
+        **(
+            {"connections_per_process": trials[-1]["connections_per_process"]}
+            if "connections_per_process" in trials[0]
+            else {}
+        ),
         **(
             {"publish_per_sec": _median([t["publish_per_sec"] for t in trials])}
             if "publish_per_sec" in trials[0]

@@ -155,9 +155,9 @@ async def agent(url: str, prefix: str, n_sessions: int, calls: int, hook: str) -
 
     try:
         await run_agent(client.redis, prefix, list(contexts), calls, call, warmup=3)
+        await until_parent_dies()  # connected until then: the benchmark counts connections
     finally:
         await client.close()
-    await until_parent_dies()
 
 
 # -- the floor ----------------------------------------------------------------------------------
