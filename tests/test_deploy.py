@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from bus.hooks import spec_of
+from bus.keys import Keys
 from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
 from workers.redis_server import free_port, stop_process
@@ -171,7 +172,7 @@ def test_the_scaled_objects_follow_the_async_hooks_groups() -> None:
         hook = spec_of(load_hook(args["containers"][0]["args"][1])).name
         (trigger,) = s["spec"]["triggers"]
         assert trigger["type"] == "redis-streams"
-        assert trigger["metadata"]["stream"] == "hookbus:events"
+        assert trigger["metadata"]["stream"] == Keys().event_partitions[0]
         assert trigger["metadata"]["consumerGroup"] == hook
         assert int(trigger["metadata"]["lagCount"]) > 0
 
