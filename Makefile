@@ -25,6 +25,13 @@ lint: $(STAMP)
 test: lint redis-check node-deps
 	$(BIN)/pytest
 
+# deploy/redis/users.acl: the ACL users of the Compose stack's hooks and the demo tenant
+# (workers/acl.py; tests/test_deploy.py checks it is up to date).
+STACK_HOOKS = workers.cancellation:RedisCancellationHook,workers.demo_hooks:SecretGuard,workers.audit:AsyncAuditLogHook,workers.metrics:AsyncMetricsHook
+.PHONY: acl
+acl: $(STAMP)
+	$(BIN)/hookbus acl --hooks $(STACK_HOOKS) --tenants demo -o deploy/redis/users.acl
+
 # Tests that claim Redis behaviour need a real server: say so plainly instead of a traceback.
 redis-check:
 	@command -v redis-server >/dev/null 2>&1 || [ -n "$$REDIS_URL" ] || docker info >/dev/null 2>&1 || \
@@ -38,7 +45,7 @@ redis-check:
 node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json
 
 examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
-	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for examples/node)"; exit 1; }
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20.15 and npm (for examples/node)"; exit 1; }
 	npm ci --prefix examples/node --no-audit --no-fund
 	@touch $@
 

@@ -265,23 +265,7 @@ class ToolExecutor:
     async def _ask(
         self, tool_name: str, args: Mapping[str, Any], reason: str
     ) -> tuple[PermissionDecision, str, PermissionDenialSource]:
-        if self.approver is None:
-            return (
-                PermissionDecision.DENY,
-                f"{reason} (nobody to ask)",
-                PermissionDenialSource.TIMEOUT,
-            )
-        try:
-            answer = await asyncio.wait_for(
-                self.approver(tool_name, args, reason), self.approval_timeout
-            )
-        except TimeoutError:
-            answer = None
-        if answer is None:
-            return PermissionDecision.DENY, f"{reason} (no answer)", PermissionDenialSource.TIMEOUT
-        if answer:
-            return PermissionDecision.ALLOW, reason, PermissionDenialSource.USER
-        return PermissionDecision.DENY, f"{reason} (the user said no)", PermissionDenialSource.USER
+        return await ask(self.approver, self.approval_timeout, tool_name, args, reason)
 
     async def _failure(
         self,
@@ -327,3 +311,25 @@ class ToolExecutor:
         )
         out.message = ToolMessage(call.id, call.name, content, True, call.args)
         return out
+
+
+async def ask(
+    approver: Approver | None,
+    timeout: float,
+    tool_name: str,
+    args: Mapping[str, Any],
+    reason: str,
+) -> tuple[PermissionDecision, str, PermissionDenialSource]:
+    """Ask a person about a call that needs permission: the decision, the reason (saying why
+    when nobody answered or the person said no) and who decided."""
+    if approver is None:
+        return PermissionDecision.DENY, f"{reason} (nobody to ask)", PermissionDenialSource.TIMEOUT
+    try:
+        answer = await asyncio.wait_for(approver(tool_name, args, reason), timeout)
+    except TimeoutError:
+        answer = None
+    if answer is None:
+        return PermissionDecision.DENY, f"{reason} (no answer)", PermissionDenialSource.TIMEOUT
+    if answer:
+        return PermissionDecision.ALLOW, reason, PermissionDenialSource.USER
+    return PermissionDecision.DENY, f"{reason} (the user said no)", PermissionDenialSource.USER

@@ -19,6 +19,7 @@ MODULES = [
     "bench.async_throughput",
     "bench.concurrency",
     "bench.tracing_cost",
+    "bench.frameworks",
     "bench.cluster",
 ]
 PLOTS = "bench.plots"  # runs last, on the results of the modules above

@@ -36,19 +36,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
 
-from bench.command_hooks import CALL_TIMEOUT
+from bench.command_hooks import CALL_TIMEOUT, Plan, alternate
 from bench.common import ROOT, Children, header, hookbus_env, percentiles, progress
 from bench.sync_dispatch import (
     MODULE,
@@ -60,11 +58,10 @@ from bench.sync_dispatch import (
     hookbus_decision,
     quantiles,
     run_benchmark,
-    time_calls,
     wait_until,
 )
 from bus.keys import Keys
-from bus.protocol import new_id, now_ms, raw
+from bus.protocol import PROTOCOL_VERSION, new_id, now_ms, raw
 from workers.gateway import digest
 from workers.redis_server import free_port
 
@@ -82,15 +79,6 @@ DESCRIPTIONS = {
     "floor": "a hand-written Starlette endpoint on uvicorn, same request and reply, no dispatch",
     "bridge": "one `hookbus-claude-code` process per call, to the gateway's /claude-code",
 }
-
-
-@dataclass(frozen=True)
-class Plan:
-    """``rounds`` alternating batches; each series has its own batch size and warm-up."""
-
-    rounds: int
-    batch: dict[str, int]
-    warmup: dict[str, int]
 
 
 FULL = Plan(
@@ -150,7 +138,7 @@ def decision_body() -> tuple[str, bytes]:
     """The protocol's DecisionRequest (no reply_to: HTTP answers on the connection)."""
     request_id = new_id()
     body = {
-        "v": 1, "id": request_id, "ts": now_ms(), "event": "PreToolUse",
+        "v": PROTOCOL_VERSION, "id": request_id, "ts": now_ms(), "event": "PreToolUse",
         "context": raw(context()), "timeout_ms": int(CALL_TIMEOUT * 1000),
     }  # fmt: skip
     return f'"request_id":"{request_id}"', msgspec.json.encode(body)
@@ -190,17 +178,6 @@ def bridge_call(port: int) -> Call:
 
 
 # -- the run -------------------------------------------------------------------------------
-
-
-async def alternate(plan: Plan, calls: dict[str, Call]) -> dict[str, list[int]]:
-    for label, call in calls.items():
-        await time_calls(call, plan.warmup[label])
-    gc.collect()
-    samples: dict[str, list[int]] = {label: [] for label in calls}
-    for _ in range(plan.rounds):
-        for label, call in calls.items():
-            samples[label] += await time_calls(call, plan.batch[label])
-    return samples
 
 
 async def http_up(port: int, children: Children, what: str) -> None:

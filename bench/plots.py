@@ -46,6 +46,7 @@ SOURCES = (
     "inprocess",
     "sync_dispatch",
     "command_hooks",
+    "http_gateway",
     "async_throughput",
     "concurrency",
     "tracing_cost",
@@ -125,12 +126,19 @@ def plot_sync_cdf(report: dict[str, Any], out: Path) -> bool:
             if not q:
                 continue
             color = COLORS.get(r["hooks"])
-            for series, style in (("hookbus", "-"), ("floor", "--")):
+            for series, style in (("hookbus", "-"), ("floor", "--"), ("tenant", ":")):
+                if series not in q:  # the untrusted tenant: service topology only
+                    continue
                 values = q[series]
                 fractions = [i / (len(values) - 1) for i in range(len(values))]
                 label = f"{r['hooks']} hook{'s' if r['hooks'] > 1 else ''}, {series}"
                 if series == "hookbus":
                     label += f" ({r['ratio_p50']:.2f}x at p50)"
+                if series == "tenant":
+                    label = (
+                        f"{r['hooks']} hook{'s' if r['hooks'] > 1 else ''}, untrusted tenant "
+                        f"({r['tenant_vs_trusted_p50']:.2f}x trusted at p50)"
+                    )
                 ax.plot(values, fractions, style, color=color, label=label, linewidth=1.4)
         ref = report.get("reference") or {}
         if name == "agent" and ref.get("quantiles_us"):
@@ -151,7 +159,10 @@ def plot_sync_cdf(report: dict[str, Any], out: Path) -> bool:
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("fraction of calls at or below")
-    fig.suptitle("Synchronous dispatch over Redis: HookBus (solid) vs raw redis-py floor (dashed)")
+    fig.suptitle(
+        "Synchronous dispatch over Redis: HookBus (solid) vs raw redis-py floor (dashed); "
+        "untrusted tenant (dotted)"
+    )
     return _save(plt, fig, report, out)
 
 
@@ -415,6 +426,22 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                         f"sync.{name}.{x['hooks']}",
                     )
                 )
+                if "tenant_p50_us" in x:
+                    rows.append(
+                        _row(
+                            f"sync, {name}",
+                            f"{x['hooks']} hook{'s' if x['hooks'] > 1 else ''}, untrusted "
+                            "tenant, p50",
+                            x["tenant_p50_us"],
+                            x["hookbus_p50_us"],
+                            "µs",
+                            "trusted",
+                            x["tenant_vs_trusted_p50"],
+                            "",
+                            None,
+                            f"sync.{name}.tenant.{x['hooks']}",
+                        )
+                    )
         ref = r.get("reference")
         if ref:
             rows.append(
@@ -443,6 +470,23 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "µs",
                     "hookbus",
                     x["ratio_to_hookbus_p50"],
+                )
+            )
+    r = reports.get("http_gateway")
+    if r:
+        by = {x["series"]: x for x in r["results"]}
+        for name in ("http", "claude-code", "redis", "bridge"):
+            x = by[name]
+            rows.append(
+                _row(
+                    "HTTP entry point",
+                    f"{name}, 1 hook, p50",
+                    x["p50_us"],
+                    by["floor"]["p50_us"],
+                    "µs",
+                    "Starlette floor",
+                    x["ratio_to_floor_p50"],
+                    key=f"http.{name}",
                 )
             )
     r = reports.get("async_throughput")

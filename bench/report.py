@@ -92,6 +92,22 @@ def sync(r: dict[str, Any]) -> list[str]:
              "ratio over the batches"],
             rows, ["---:"] * 7,
         )  # fmt: skip
+        tenants = [x for x in topo["results"] if "tenant_p50_us" in x]
+        if tenants:
+            rows = []
+            for x in tenants:
+                b = x.get("tenant_vs_trusted_p50_per_batch")
+                spread = f"{b['min']:.2f}–{b['max']:.2f}×" if b else ""
+                rows.append([str(x["hooks"]), _n(x["tenant_p50_us"], 1),
+                             _n(x["tenant_p99_us"], 1), _n(x["hookbus_p50_us"], 1),
+                             f"{x['tenant_vs_trusted_p50']:.2f}×", spread,
+                             f"{x['tenant_ratio_p50']:.2f}×"])  # fmt: skip
+            out += ["An untrusted agent of a tenant, in the same alternating batches:", ""]
+            out += _table(
+                ["hooks", "untrusted p50 µs", "p99 µs", "trusted p50 µs", "vs trusted p50",
+                 "over the batches", "vs floor p50"],
+                rows, ["---:"] * 7,
+            )  # fmt: skip
     ref = r.get("reference")
     if ref:
         out += [

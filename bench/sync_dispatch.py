@@ -8,9 +8,13 @@ agent
     The coordinator runs in the agent: ``await HookClient.run_pre_tool_use(ctx)``, N hook
     services each in its own ``hookbus worker`` process (a no-op hook answering Continue).
 service
-    The agent is "foreign": raw redis-py ``XADD`` of a ``DecisionRequest`` to ``{p}:decisions``
-    and ``BLPOP`` of its inbox; the ``hookbus coordinator`` service process dispatches to the
-    same N ``hookbus worker`` processes.
+    The agent is "foreign": raw redis-py ``XADD`` of a ``DecisionRequest`` to a decisions
+    partition ``{p}:decisions:{d0.0}`` and ``BLPOP`` of its inbox (a trusted agent); the
+    ``hookbus coordinator`` service process dispatches to the same N ``hookbus worker``
+    processes. In the same alternating batches, an **untrusted** agent of a tenant does the same
+    through its tenant's keys, connected as the tenant's own Redis user (``tenant-NAME``: XADD
+    to ``{p}:t:{NAME}:decisions``, BLPOP from ``{p}:t:{NAME}:inbox:*``, nothing else): what the
+    tenant scoping costs, beside the trusted figure.
 
 Beside each, the floor: the same topology hand-written on raw redis-py (``bench/floor_worker.py``)
 — N floor hook processes doing ``XREADGROUP BLOCK`` → pipelined ``RPUSH`` + ``XACK``; a floor
@@ -277,10 +281,11 @@ class ForeignAgent:
         prefix: str,
         make: Callable[[str], tuple[str, bytes]],
         decisions: str | None = None,
+        inbox: str | None = None,
     ):
         self.redis = redis
         self.decisions = decisions or f"{prefix}:decisions"
-        self.inbox = f"{prefix}:inbox:agent-{os.getpid()}"
+        self.inbox = inbox or f"{prefix}:inbox:agent-{os.getpid()}"
         self.make = make
 
     async def __call__(self) -> Answer:
@@ -361,12 +366,15 @@ def payload_sizes() -> dict[str, int]:
 # -- one hook count --------------------------------------------------------------------------
 
 
-def summary(hooks: int, ours: list[int], floor: list[int], batch: int) -> dict[str, Any]:
+def summary(
+    hooks: int, ours: list[int], floor: list[int], batch: int, tenant: list[int] | None = None
+) -> dict[str, Any]:
     """One row: percentiles and ratio, the spread of the ratio over the alternating batches,
-    and 101 quantiles of each series (for CDF plots: ``bench.plots``)."""
+    and 101 quantiles of each series (for CDF plots: ``bench.plots``); with ``tenant`` (the
+    service topology), the untrusted agent's figures beside the trusted ones."""
     p50, p99 = percentiles(ours)
     f50, f99 = percentiles(floor)
-    return {
+    row = {
         "hooks": hooks,
         "hookbus_p50_us": round(p50, 1),
         "hookbus_p99_us": round(p99, 1),
@@ -376,6 +384,17 @@ def summary(hooks: int, ours: list[int], floor: list[int], batch: int) -> dict[s
         "ratio_p50_per_batch": round_ratios(ours, floor, batch),
         "quantiles_us": {"hookbus": quantiles(ours), "floor": quantiles(floor)},
     }
+    if tenant:
+        t50, t99 = percentiles(tenant)
+        row |= {
+            "tenant_p50_us": round(t50, 1),
+            "tenant_p99_us": round(t99, 1),
+            "tenant_vs_trusted_p50": _ratio(t50, p50),
+            "tenant_vs_trusted_p50_per_batch": round_ratios(tenant, ours, batch),
+            "tenant_ratio_p50": _ratio(t50, f50),
+        }
+        row["quantiles_us"]["tenant"] = quantiles(tenant)
+    return row
 
 
 class Scenario:
@@ -388,6 +407,7 @@ class Scenario:
         self.children = children
         self.hb_prefix = f"bench-hb{n}"
         self.hb_keys = Keys(self.hb_prefix)
+        self.tenant = f"bench-tenant{n}"
         self.floor_prefix = f"bench-floor{n}"
         self.hooks = NOOPS[:n]
         self.names = [h.name for h in self.hooks]
@@ -498,9 +518,31 @@ class Scenario:
         _check(b"Continue" in bytes(reply.body), f"FastStream answered {reply.body!r}")
         return broker, request
 
+    async def tenant_client(self) -> Redis:
+        """A connection as the tenant's own Redis user, which the operator registered: it may
+        only XADD to the tenant's decisions stream and pop the tenant's inboxes (the rules of
+        ``tenant-NAME`` in docs/security.md)."""
+        password = new_id()
+        own = f"{self.hb_prefix}:t:{{{self.tenant}}}"
+        await self.redis.sadd(self.hb_keys.tenants, self.tenant)
+        await self.redis.execute_command(
+            "ACL", "SETUSER", f"tenant-{self.tenant}", "reset", f">{password}", "on",
+            "resetchannels", "-@all", "+ping", f"(%W~{own}:decisions +xadd)",
+            f"(~{own}:inbox:* +blpop +blmpop)",
+        )  # fmt: skip
+        kwargs = self.redis.connection_pool.connection_kwargs
+        return Redis(
+            host=kwargs.get("host", "127.0.0.1"),
+            port=kwargs.get("port", 6379),
+            username=f"tenant-{self.tenant}",
+            password=password,
+            socket_connect_timeout=2,
+        )
+
     async def service_topology(self, plan: Plan) -> dict[str, Any]:
         hb_label = f"hb{self.n}-coordinator"
         floor_label = f"floor{self.n}-service"
+        as_tenant = await self.tenant_client()  # registered before the service starts
         self._spawn(hb_label, "workers.cli", ["coordinator"], hookbus_env(self.url, self.hb_prefix))
         self._spawn(
             floor_label,
@@ -528,39 +570,57 @@ class Scenario:
             self.hb_keys.decision_partitions[0],
         )
         floor = ForeignAgent(self.redis, self.floor_prefix, floor_decision(ctx_raw))
-        streams = [requests_key(self.hb_prefix, n) for n in self.names]
-        before = [await self.redis.xlen(s) for s in streams]
-        answer = await hookbus()
-        after = [await self.redis.xlen(s) for s in streams]
-        result = answer.result or {}
-        _check(
-            result.get("action", {}).get("type") == "Continue" and not result.get("skipped"),
-            f"the coordinator service answered {result}",
+        tenant = ForeignAgent(
+            as_tenant,
+            self.hb_prefix,
+            hookbus_decision(ctx_raw),
+            self.hb_keys.tenant_decisions(self.tenant),
+            self.hb_keys.tenant_inbox(self.tenant, f"agent-{os.getpid()}"),
         )
-        _check(
-            [b - a for a, b in zip(before, after, strict=True)] == [1] * self.n,
-            "the coordinator service did not ask every hook",
-        )
-        answer = await floor()
-        _check(answer.result["hooks"] == self.n, f"the floor service answered {answer}")
+        streams = [self.hb_keys.requests(n) for n in self.names]
+        try:
+            for agent in (hookbus, tenant):
+                before = [await self.redis.xlen(s) for s in streams]
+                answer = await agent()
+                after = [await self.redis.xlen(s) for s in streams]
+                result = answer.result or {}
+                _check(
+                    result.get("action", {}).get("type") == "Continue"
+                    and not result.get("skipped"),
+                    f"the coordinator service answered {result} on {agent.decisions}",
+                )
+                _check(
+                    [b - a for a, b in zip(before, after, strict=True)] == [1] * self.n,
+                    f"the coordinator service did not ask every hook for {agent.decisions}",
+                )
+            answer = await floor()
+            _check(answer.result["hooks"] == self.n, f"the floor service answered {answer}")
 
-        progress(
-            f"{self.n} hook(s), service topology: timing "
-            f"{plan.warmup} warm-up + {plan.samples} calls each of hookbus, floor"
-        )
-        samples = await alternate(plan, {"hookbus": hookbus, "floor": floor})
+            progress(
+                f"{self.n} hook(s), service topology: timing "
+                f"{plan.warmup} warm-up + {plan.samples} calls each of hookbus, floor, tenant"
+            )
+            samples = await alternate(plan, {"hookbus": hookbus, "floor": floor, "tenant": tenant})
+        finally:
+            await as_tenant.aclose()
         self.stop([hb_label, floor_label])
-        row = summary(self.n, samples["hookbus"], samples["floor"], plan.batch)
+        row = summary(self.n, samples["hookbus"], samples["floor"], plan.batch, samples["tenant"])
         progress(self._line(row))
         return row
 
     @staticmethod
     def _line(row: dict[str, Any]) -> str:
-        return (
+        line = (
             f"  -> hookbus p50 {row['hookbus_p50_us']:.0f} µs p99 {row['hookbus_p99_us']:.0f} µs;"
             f" floor p50 {row['floor_p50_us']:.0f} µs p99 {row['floor_p99_us']:.0f} µs;"
             f" {row['ratio_p50']:.2f}x"
         )
+        if "tenant_p50_us" in row:
+            line += (
+                f"; untrusted tenant p50 {row['tenant_p50_us']:.0f} µs p99"
+                f" {row['tenant_p99_us']:.0f} µs, {row['tenant_vs_trusted_p50']:.2f}x trusted"
+            )
+        return line
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -568,8 +628,10 @@ class Scenario:
 TOPOLOGIES = {
     "agent": "coordinator in the agent: await HookClient.run_pre_tool_use(ctx); floor: one "
     "pipelined XADD of N requests, BLMPOP until N replies",
-    "service": "foreign agent: XADD a DecisionRequest to {p}:decisions, BLPOP its inbox; "
-    "hookbus coordinator service vs a floor service that fans out like the floor agent",
+    "service": "foreign agent: XADD a DecisionRequest to {p}:decisions:{d0.0}, BLPOP its inbox; "
+    "hookbus coordinator service vs a floor service that fans out like the floor agent; beside "
+    "it, an untrusted agent of a tenant through {p}:t:{NAME}:decisions and its tenant's inbox, "
+    "as the tenant's own Redis user",
 }
 
 
@@ -657,6 +719,20 @@ def render(report: dict[str, Any]) -> str:
                 f"{r['hooks']:>5}  {r['hookbus_p50_us']:>14.1f}  {r['hookbus_p99_us']:>8.1f}  "
                 f"{r['floor_p50_us']:>12.1f}  {r['floor_p99_us']:>8.1f}  {r['ratio_p50']:>8.2f}x"
                 + (f"  {spread['min']:.2f}-{spread['max']:.2f}x" if spread else "")
+            )
+        tenants = [r for r in topo["results"] if "tenant_p50_us" in r]
+        if tenants:
+            lines.append(
+                f"{'hooks':>5}  {'untrusted p50 µs':>16}  {'p99 µs':>8}  {'vs trusted p50':>14}  "
+                f"{'per batch':>11}  {'vs floor p50':>12}"
+            )
+        for r in tenants:
+            spread = r.get("tenant_vs_trusted_p50_per_batch") or {}
+            lines.append(
+                f"{r['hooks']:>5}  {r['tenant_p50_us']:>16.1f}  {r['tenant_p99_us']:>8.1f}  "
+                f"{r['tenant_vs_trusted_p50']:>13.2f}x  "
+                + (f"{spread['min']:.2f}-{spread['max']:.2f}x" if spread else "")
+                + f"  {r['tenant_ratio_p50']:>11.2f}x"
             )
         t = topo["target"]
         verdict = "HOLDS" if t["met"] else "DOES NOT HOLD"

@@ -37,6 +37,7 @@ from bus.errors import (
     HookUnreachable,
     InvalidInputError,
     PatternError,
+    SessionCancelled,
     UnknownEventError,
 )
 from bus.events import (
@@ -114,6 +115,7 @@ __all__ = [
     "PreToolUseAction",
     "PreToolUseContext",
     "PreToolUseResult",
+    "SessionCancelled",
     "SessionStartContext",
     "SessionStopContext",
     "SkippedHook",

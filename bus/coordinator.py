@@ -112,6 +112,7 @@ class Coordinator(EventRunner):
             "oversized_events": 0,
             "skewed_calls": 0,
             "refused": 0,
+            "forged_replies": 0,  # replies claiming another hook than the one asked: dropped
         }
         #: Calls, per hook, dispatched while every live replica of the hook was skewed.
         self.skewed_calls: dict[str, int] = {}

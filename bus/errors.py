@@ -117,3 +117,7 @@ class HookUnreachable(HookFailure):
     """No replica could serve the hook, or the transport to it is down."""
 
     kind: ClassVar[FailureKind] = "unreachable"
+
+
+class SessionCancelled(HookBusError):
+    """The session was cancelled (``hookbus cancel``): an agent framework's run stops here."""

@@ -195,9 +195,12 @@ class AuditRecord(_Envelope, frozen=True, kw_only=True):
     answer's tag, ``detail``: "would have blocked: …", ``breakglass``: the bypass's reason).
     ``kind`` "breakglass": an operator switched the bypass on or off (``mode`` "on" / "off",
     ``detail``: the reason, ``by``: who, ``until_ms``: when it ends by itself).
+    ``kind`` "tenant": an operator added or removed a tenant (``mode`` "add" / "remove",
+    ``detail``: the tenant, ``by``: who). ``kind`` "repair": an operator repaired a stream
+    poisoned with ids beyond Redis's clock (``detail``: the stream and what was done).
     """
 
-    kind: Literal["shadowed", "breakglass"]
+    kind: Literal["shadowed", "breakglass", "tenant", "repair"]
     event: HookEvent | None = None
     session_id: str = ""
     tool_name: str = ""

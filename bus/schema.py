@@ -32,6 +32,7 @@ from bus.protocol import (
     PROTOCOL_VERSION,
     AuditRecord,
     BreakGlass,
+    CancelRequest,
     ControlMessage,
     DecisionReply,
     DecisionRequest,
@@ -48,6 +49,7 @@ MESSAGES: dict[str, type] = {
     "HookManifest": HookManifest,
     "DecisionRequest": DecisionRequest,
     "DecisionReply": DecisionReply,
+    "CancelRequest": CancelRequest,
     "ControlMessage": ControlMessage,
     "AuditRecord": AuditRecord,
     "BreakGlass": BreakGlass,
@@ -97,30 +99,58 @@ def json_schemas() -> dict[str, dict[str, Any]]:
 
 
 def asyncapi() -> dict[str, Any]:
-    """An AsyncAPI 3.0 document of the channels (Redis keys under the default prefix)."""
+    """An AsyncAPI 3.0 document of the channels (Redis keys under the default prefix).
+
+    Key layout 2 puts literal Redis Cluster hash tags in key names (``hookbus:events:{e0.0}``):
+    a parameter that stands for one is documented as including its braces."""
 
     def ref(name: str) -> dict[str, str]:
         return {"$ref": f"#/components/messages/{name}"}
 
+    partition = (
+        "The partition's hash tag, braces included: `{e0.0}` for events and `{d0.0}` "
+        "for decisions on a bus of one partition (HOOKBUS_PARTITIONS); a session's "
+        "partition is crc32(session id) mod N (docs/protocol.md 2)"
+    )
+    hook = (
+        "The hook's name as a hash tag, braces included: `{SecretGuard}`; shard k > 0 of "
+        "its requests: `{SecretGuard#k}`"
+    )
+    tenant = "The tenant's name as a hash tag, braces included: `{acme}`"
+    owner = "The client's own id (a coordinator's, an agent's)"
     channels = {
-        "events": ("hookbus:events",
-                   "Every lifecycle event (stream; one consumer group per async hook)",
-                   ["EventMessage"]),
+        "events": ("hookbus:events:{partition}",
+                   "The lifecycle events of one partition's sessions (stream; one consumer "
+                   "group per async hook)", ["EventMessage"], {"partition": partition}),
         "hookRequests": ("hookbus:hook:{hook}:requests",
-                         "Requests for one sync hook (stream; group `workers`)", ["HookRequest"]),
-        "inbox": ("hookbus:inbox:{owner}", "Replies for one coordinator or agent (list)",
-                  ["HookReply", "DecisionReply"]),
-        "decisions": ("hookbus:decisions",
-                      "Decision requests for the coordinator service (stream; group "
-                      "`coordinators`)", ["DecisionRequest"]),
-        "hooks": ("hookbus:hooks", "Hook manifests (hash: name → manifest)", ["HookManifest"]),
-        "control": ("hookbus:control", "Announcements (pub/sub)", ["ControlMessage"]),
+                         "Requests for one sync hook (stream; group `workers`)", ["HookRequest"],
+                         {"hook": hook}),
+        "inbox": ("hookbus:inbox:{owner}",
+                  "Replies for one coordinator or trusted agent (list)",
+                  ["HookReply", "DecisionReply"], {"owner": owner}),
+        "decisions": ("hookbus:decisions:{partition}",
+                      "Trusted agents' requests to the coordinator service, one stream per "
+                      "partition (group `coordinators`)", ["DecisionRequest", "CancelRequest"],
+                      {"partition": partition}),
+        "tenantDecisions": ("hookbus:t:{tenant}:decisions",
+                            "An untrusted agent's requests to the coordinator service: the only "
+                            "key its tenant's credential may write (stream; group "
+                            "`coordinators`)", ["DecisionRequest", "CancelRequest"],
+                            {"tenant": tenant}),
+        "tenantInbox": ("hookbus:t:{tenant}:inbox:{owner}",
+                        "Replies to one untrusted agent of a tenant (list)", ["DecisionReply"],
+                        {"tenant": tenant, "owner": owner}),
+        "manifests": ("hookbus:hook:{hook}:manifest",
+                      "A hook's manifest (string); its name is a member of the set "
+                      "`hookbus:hooks`", ["HookManifest"], {"hook": hook}),
+        "control": ("hookbus:control", "Announcements (pub/sub)", ["ControlMessage"], {}),
         "audit": ("hookbus:audit",
                   "The audit trail: answers not applied (warn, dryrun, break-glass) and "
-                  "break-glass switches (stream; followed by the audit log hook)", ["AuditRecord"]),
+                  "break-glass switches (stream; followed by the audit log hook)",
+                  ["AuditRecord"], {}),
         "breakglass": ("hookbus:breakglass",
                        "The break-glass switch (string with a TTL, set by operators)",
-                       ["BreakGlass"]),
+                       ["BreakGlass"], {}),
     }  # fmt: skip
     operations = {
         "publishEvent": ("send", "events"),
@@ -129,7 +159,9 @@ def asyncapi() -> dict[str, Any]:
         "serveHook": ("receive", "hookRequests"),
         "readReplies": ("receive", "inbox"),
         "askCoordinator": ("send", "decisions"),
-        "registerHook": ("send", "hooks"),
+        "askCoordinatorAsTenant": ("send", "tenantDecisions"),
+        "readTenantReplies": ("receive", "tenantInbox"),
+        "registerHook": ("send", "manifests"),
         "announce": ("send", "control"),
         "recordAudit": ("send", "audit"),
         "followAudit": ("receive", "audit"),
@@ -139,8 +171,8 @@ def asyncapi() -> dict[str, Any]:
         name: {"name": name, "contentType": "application/json",
                "payload": {"$ref": f"https://hookbus.dev/schema/v{PROTOCOL_VERSION}/{name}.json"}}
         for name in ("EventMessage", "HookRequest", "HookReply", "HookManifest",
-                     "DecisionRequest", "DecisionReply", "ControlMessage", "AuditRecord",
-                     "BreakGlass")
+                     "DecisionRequest", "DecisionReply", "CancelRequest", "ControlMessage",
+                     "AuditRecord", "BreakGlass")
     }  # fmt: skip
     return {
         "asyncapi": "3.0.0",
@@ -162,8 +194,13 @@ def asyncapi() -> dict[str, Any]:
                 "address": address,
                 "description": text,
                 "messages": {m: ref(m) for m in messages},
+                **(
+                    {"parameters": {n: {"description": d} for n, d in params.items()}}
+                    if params
+                    else {}
+                ),
             }
-            for key, (address, text, messages) in channels.items()
+            for key, (address, text, messages, params) in channels.items()
         },
         "operations": {
             op: {"action": action, "channel": {"$ref": f"#/channels/{channel}"}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Mapping
 
 import msgspec
@@ -106,6 +107,10 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_DURABLE_WAIT_MS",
         "HOOKBUS_SESSION_TTL_SECS",
         "HOOKBUS_REFRESH_SECS",
+        "HOOKBUS_PARTITIONS",
+        "HOOKBUS_DURABLE_REPLICAS",
+        "HOOKBUS_DURABLE_WAIT_MS",
+        "HOOKBUS_AUDIT_MAXLEN",
         "HOOKBUS_ASYNC_TIMEOUT_SECS",
         "HOOKBUS_TRUNCATE_CHARS",
         "HOOKBUS_MAX_OUTPUT_CHARS",
@@ -114,10 +119,19 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_ACL_TEMPLATE",
         "HOOKBUS_ACL_FILE",
         *(f"HOOKBUS_{role}_PASSWORD" for role in ("COORDINATOR", "WORKER", "AGENT", "OPERATOR")),
+        # workers/command_hook.py: a Claude Code command hook served as a HookBus hook
+        *(f"HOOKBUS_COMMAND{part}" for part in ("", "_CWD", "_EVENTS", "_FAILURE_POLICY")),
+        *(f"HOOKBUS_COMMAND{part}" for part in ("_MATCHER", "_NAME", "_TIMEOUT")),
+        # workers/gateway.py and its Claude Code command bridge
+        *(f"HOOKBUS_GATEWAY_{part}" for part in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS")),
+        "HOOKBUS_GATEWAY_URL",
     }
 )
 #: Left alone: names a test suite may use for itself.
 RESERVED_PREFIXES = ("HOOKBUS_TEST_",)
+#: The passwords start.sh reads for the generated users ``hook-NAME`` and ``tenant-NAME``
+#: (workers/acl.py): one per hook service and per tenant, so known by their form.
+USER_PASSWORD = re.compile(r"^HOOKBUS_(HOOK|TENANT)_[A-Z0-9_]+_PASSWORD$")
 
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
@@ -128,7 +142,7 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     for name in sorted(env):
         if not name.startswith("HOOKBUS_") or name in KNOWN_VARIABLES:
             continue
-        if name.startswith(RESERVED_PREFIXES):
+        if name.startswith(RESERVED_PREFIXES) or USER_PASSWORD.match(name):
             continue
         close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
         found.append(f"{name} (did you mean {close[0]}?)" if close else name)

@@ -44,6 +44,19 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
         }
         for n in (1, 3, 8)
     ]
+    # The service topology adds an untrusted tenant's series beside the trusted one.
+    service_rows = [
+        {
+            **row,
+            "tenant_p50_us": 330.0 * row["hooks"],
+            "tenant_p99_us": 990.0 * row["hooks"],
+            "tenant_vs_trusted_p50": 1.1,
+            "tenant_vs_trusted_p50_per_batch": {"min": 1.0, "median": 1.1, "max": 1.2},
+            "tenant_ratio_p50": 1.32,
+            "quantiles_us": {**row["quantiles_us"], "tenant": _quantiles(330 * row["hooks"])},
+        }
+        for row in sync_rows
+    ]
     target = {"hooks": [1, 3], "max_ratio_p50": 1.3, "ratios": {"1": 1.2, "3": 1.2}, "met": True}
     concurrency_rows = [
         {
@@ -83,8 +96,8 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
             "redis_server": "7.0.15",
             "cpus": 2,
             "topologies": {
-                name: {"description": name, "results": sync_rows, "target": target}
-                for name in ("agent", "service")
+                name: {"description": name, "results": rows, "target": target}
+                for name, rows in (("agent", sync_rows), ("service", service_rows))
             },
             "reference": {
                 "what": "FastStream",
@@ -152,6 +165,27 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
                 "met": False,
             },
         },
+        "http_gateway": {
+            **common,
+            "results": [
+                {
+                    "series": name,
+                    "samples": 20,
+                    "p50_us": p50,
+                    "p99_us": 3 * p50,
+                    "ratio_to_redis_p50": round(p50 / 1900, 2),
+                    "ratio_to_floor_p50": round(p50 / 200, 2),
+                    "quantiles_us": _quantiles(p50),
+                }
+                for name, p50 in [
+                    ("http", 1400.0),
+                    ("claude-code", 1250.0),
+                    ("redis", 1900.0),
+                    ("floor", 200.0),
+                    ("bridge", 39000.0),
+                ]
+            ],
+        },
         "tracing_cost": {
             "samples": 300,
             "off": {"p50_us": 400.0, "p99_us": 900.0},
@@ -206,6 +240,7 @@ def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None
     benchmarks = {row["benchmark"] for row in summary["rows"]}
     assert {"in-process", "sync, agent", "sync, service", "command hooks", "async"} <= benchmarks
     assert {"concurrency, closed", "concurrency, paced", "tracing"} <= benchmarks
+    assert "HTTP entry point" in benchmarks
     for row in summary["rows"]:
         assert row["value"] is not None and row["ratio"] is not None, row
         assert row["met"] in (True, False, None), row
@@ -241,6 +276,13 @@ def test_full_results_are_copied_for_the_docs_and_recorded_once(dirs: tuple[Path
         "| sync, agent | 1 hook, p50 | 300 µs | 250 µs floor | 1.20× | ≤ 1.3× | holds |" in figures
     )
     assert "| 1 | 300.0 | 900.0 | 250.0 | 700.0 | 1.20× | 1.10–1.30× |" in figures
+    # The untrusted tenant's figures, beside the trusted ones (service topology only).
+    assert figures.count("An untrusted agent of a tenant") == 1
+    assert "| 3 | 990.0 | 2,970.0 | 900.0 | 1.10× | 1.00–1.20× | 1.32× |" in figures
+    assert (
+        "| sync, service | 1 hook, untrusted tenant, p50 | 330 µs | 300 µs trusted | 1.10× |"
+        in figures
+    )
 
 
 def test_missing_results_are_skipped(dirs: tuple[Path, Path]) -> None:

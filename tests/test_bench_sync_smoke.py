@@ -39,6 +39,13 @@ def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             assert r["hookbus_p99_us"] >= r["hookbus_p50_us"]
             assert r["floor_p99_us"] >= r["floor_p50_us"]
             assert r["ratio_p50"] > 0
+            # The untrusted tenant's decisions, beside the trusted ones: service topology only.
+            tenant = r.get("tenant_p50_us")
+            assert (tenant is not None) == (name == "service"), (name, r)
+            if tenant is not None:
+                assert 0 < tenant <= r["tenant_p99_us"], r
+                assert r["tenant_vs_trusted_p50"] > 0 and r["tenant_ratio_p50"] > 0
+                assert len(r["quantiles_us"]["tenant"]) == 101
         assert isinstance(topology["target"]["met"], bool)
         assert set(topology["target"]["ratios"]) == {"1", "3"}
     reference = report["reference"]

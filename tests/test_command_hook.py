@@ -111,6 +111,18 @@ async def test_the_script_reads_claude_codes_input(tmp_path: Path) -> None:
     assert seen[2]["source"] == "resume"
 
 
+async def test_the_script_does_not_get_the_services_redis_credential(tmp_path: Path) -> None:
+    seen = tmp_path / "env"
+    secret = "redis://worker:s3cret@127.0.0.1:6379/0"
+    spy = hook(f"env > {seen}", HOOKBUS_REDIS_URL=secret, HOOKBUS_COMMAND_CWD=str(tmp_path),
+               SOMETHING_ELSE="kept")  # fmt: skip
+    await registry(spy).run_pre_tool_use(bash("ls"))
+    env = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert "s3cret" not in seen.read_text()
+    assert not [k for k in env if k.startswith("HOOKBUS_")], env
+    assert (env["SOMETHING_ELSE"], env["CLAUDE_PROJECT_DIR"]) == ("kept", str(tmp_path))
+
+
 async def test_failures_follow_the_failure_policy(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     cases = {

@@ -6,9 +6,11 @@
   deploy/schemas/keda-*.json. Offline: every schema is a file here or in an installed package.
 * Every ``hookbus`` command they run (service commands, container args, health checks, probes)
   parses with workers/cli/ parser, and every MODULE:CLASS they name imports.
-* The ACL users: the stack, the demo agent, a shell agent, the operator commands and the health
-  checks all run against a Redis started by deploy/redis/start.sh, each as its role's user, and
-  Redis denies none of their commands (ACL LOG) — while it does deny what a role must not do.
+* The ACL users: deploy/redis/users.acl is what ``hookbus acl`` generates for the stack's hooks;
+  the stack, the demo agent, a shell agent, the operator commands and the health checks all run
+  against a Redis started by deploy/redis/start.sh, each as its own user (each hook service as
+  its hook's), and Redis denies none of their commands (ACL LOG) — while it does deny what a role
+  must not do (tests/security/ runs the attacks).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import copy
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,9 @@ from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
 from workers.redis_server import free_port, stop_process
 from workers.worker import load_hook
+
+K = Keys("hookbus")  # the deploy uses the default prefix
+EVENTS, DECISIONS = K.event_partitions[0], K.decision_partitions[0]
 
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
@@ -234,25 +241,142 @@ def test_health_checks_check_what_their_service_runs() -> None:
 
 # -- ACL users ----------------------------------------------------------------------------------
 
-PASSWORDS = {role: f"{role}-{os.getpid()}-pw" for role in ("coordinator", "worker", "agent")}
-PASSWORDS["operator"] = f"operator-{os.getpid()}-pw"
+
+def compose_hook_services() -> dict[str, tuple[str, str]]:
+    """Compose service → (MODULE:CLASS it serves, the Redis user its URL names)."""
+    out = {}
+    for name, service in compose()["services"].items():
+        command = service.get("command") or []
+        if service.get("image") == "hookbus:latest" and command[:1] == ["worker"]:
+            user = urllib.parse.urlsplit(service["environment"]["HOOKBUS_REDIS_URL"]).username
+            out[name] = (command[1], str(user))
+    return out
+
+
+def test_users_acl_is_what_hookbus_acl_generates_for_the_stack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deploy/redis/users.acl is the output of the command its header names, for exactly the
+    hook services docker-compose.yml runs."""
+    from workers.cli import main
+
+    text = (REDIS_DIR / "users.acl").read_text()
+    (command,) = re.findall(r"^#   (hookbus acl .*)$", text, re.M)
+    argv = shlex.split(command)[1:]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == text
+    args = build_parser().parse_args(argv)
+    assert sorted(args.hooks.split(",")) == sorted(t for t, _ in compose_hook_services().values())
+
+
+def test_each_hook_service_connects_as_its_own_hook_user() -> None:
+    """Compose and Kubernetes: every hook service's URL names ``hook-<its hook>``, a user of
+    users.acl, and no two services share a credential."""
+    for service, (target, user) in compose_hook_services().items():
+        assert user == f"hook-{spec_of(load_hook(target)).name}", service
+        assert user in USERS
+    secrets = {
+        d["metadata"]["name"]: d["stringData"] for _, _, d in manifests() if d["kind"] == "Secret"
+    }
+    seen = set()
+    for file, _, doc in manifests():
+        if doc["kind"] != "Deployment":
+            continue
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        if container["args"][0] != "worker":
+            continue
+        (url,) = [e for e in container["env"] if e["name"] == "HOOKBUS_REDIS_URL"]
+        ref = url["valueFrom"]["secretKeyRef"]
+        assert ref["name"] not in seen, file
+        seen.add(ref["name"])
+        user = urllib.parse.urlsplit(secrets[ref["name"]][ref["key"]]).username
+        assert user == f"hook-{spec_of(load_hook(container['args'][1])).name}", file
+        assert user in USERS
+        assert list(secrets[ref["name"]]) == [ref["key"]], "a hook's Secret holds its URL only"
+
+
+def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bus.errors import ConfigError
+    from workers.acl import hook_user_of, users
+    from workers.cli import main
+
+    argv = ["acl", "--hooks", "Guard,Tail=async,workers.audit:AsyncAuditLogHook", "--tenants",
+            "acme,beta", "--prefix", "hb2"]  # fmt: skip
+    assert main(argv) == 0
+    lines = {
+        line.split()[1]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("user ")
+    }
+    assert list(lines) == [
+        "default", "coordinator", "agent", "operator", "hook-Guard", "hook-Tail",
+        "hook-AsyncAuditLogHook", "tenant-acme", "tenant-beta",
+    ]  # fmt: skip
+    assert all("hookbus:" not in line for line in lines.values())
+    assert "~hb2:hook:{Guard}:* ~hb2:hook:{Guard#*}:*" in lines["hook-Guard"]
+    assert "events" not in lines["hook-Guard"]
+    assert "~hb2:events:* +evalsha" in lines["hook-Tail"]
+    assert "~hb2:events:* ~hb2:audit +evalsha" in lines["hook-AsyncAuditLogHook"]
+    assert lines["tenant-acme"] == (
+        "user tenant-acme on resetchannels -@all +ping +client|setinfo "
+        "(%W~hb2:t:{acme}:decisions +xadd) (~hb2:t:{acme}:inbox:* +blpop +blmpop)"
+    )
+    cancel = hook_user_of("workers.cancellation:RedisCancellationHook")
+    assert cancel.capabilities == ("read-cancellations",)
+    for bad in ("Bad Name", "Guard=maybe", "workers.nothere:X", "json:dumps"):
+        with pytest.raises(ConfigError):
+            hook_user_of(bad)
+    with pytest.raises(ConfigError, match="listed twice"):
+        users([hook_user_of("Guard"), hook_user_of("Guard=async")], [])
+    with pytest.raises(ConfigError, match="tenant"):
+        users([], ["a.b"])
+    assert main(["acl", "--hooks", "Bad Name"]) == 2
+
+
+USERS = re.findall(r"^user (\S+) ", (REDIS_DIR / "users.acl").read_text(), re.M)
+
+
+def password(user: str) -> str:
+    return f"{user}-{os.getpid()}-pw"
+
+
+PASSWORDS = {user: password(user) for user in USERS if user != "default"}
 ADMIN = "admin-test-pw"
+
+
+def password_var(user: str) -> str:
+    """The variable deploy/redis/start.sh reads a user's password from."""
+    return f"HOOKBUS_{user.upper().replace('-', '_').replace('.', '_')}_PASSWORD"
 
 
 class AclRedis:
     """redis-server started by deploy/redis/start.sh from users.acl, plus an ``admin`` user of
-    the test's own (to read ACL LOG)."""
+    the test's own (to read ACL LOG), and a user for each of ``hooks`` (MODULE:CLASS or NAME,
+    as ``hookbus acl --hooks`` takes them) the stack does not run."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, hooks: tuple[str, ...] = ()) -> None:
+        from workers.acl import hook_user_of, users
+
+        extra = [
+            (user, rules)
+            for user, _, rules in users([hook_user_of(h) for h in hooks], [])
+            if user.startswith("hook-")
+        ]
+        lines = "".join(f"user {user} {rules}\n" for user, rules in extra)
         template = tmp / "users.acl"
-        template.write_text((REDIS_DIR / "users.acl").read_text() + "user admin on ~* &* +@all\n")
+        template.write_text(
+            (REDIS_DIR / "users.acl").read_text() + lines + "user admin on ~* &* +@all\n"
+        )
         self.port = free_port()
         env = {
             **os.environ,
             "HOOKBUS_ACL_TEMPLATE": str(template),
             "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
             "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
-            **{f"HOOKBUS_{r.upper()}_PASSWORD": p for r, p in PASSWORDS.items()},
+            **{password_var(u): p for u, p in PASSWORDS.items()},
+            **{password_var(u): password(u) for u, _ in extra},
             "HOOKBUS_ADMIN_PASSWORD": ADMIN,
         }
         self.log = tmp / "redis.log"
@@ -277,8 +401,8 @@ class AclRedis:
 
         until(up, "redis-server started by deploy/redis/start.sh", timeout=20)
 
-    def url(self, role: str) -> str:
-        return f"redis://{role}:{PASSWORDS[role]}@127.0.0.1:{self.port}/0"
+    def url(self, user: str) -> str:
+        return f"redis://{user}:{password(user)}@127.0.0.1:{self.port}/0"
 
     def denied(self) -> list[str]:
         """What Redis refused, one line per ACL LOG entry."""
@@ -314,8 +438,19 @@ def test_start_sh_refuses_a_user_without_password(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "start.sh: no password for Redis user worker: set HOOKBUS_WORKER_PASSWORD or "
-        f"{tmp_path}/hookbus_worker_password"
+        "start.sh: no password for Redis user agent: set HOOKBUS_AGENT_PASSWORD or "
+        f"{tmp_path}/hookbus_agent_password"
+    )
+    # A hook user's variable: its name in capitals, '-' and '.' as '_'.
+    env |= {"HOOKBUS_AGENT_PASSWORD": "x", "HOOKBUS_OPERATOR_PASSWORD": "x"}
+    result = subprocess.run(
+        ["sh", str(REDIS_DIR / "start.sh"), "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "start.sh: no password for Redis user hook-CancellationHook: set HOOKBUS_HOOK_"
+        f"CANCELLATIONHOOK_PASSWORD or {tmp_path}/hookbus_hook-CancellationHook_password"
     )
 
 
@@ -383,7 +518,7 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
 
         assert shell_decision() == "Block"
         # A request nobody can answer: the coordinator dead-letters it.
-        acl_redis.admin.xadd("hookbus:decisions", {"data": "not json"})
+        acl_redis.admin.xadd(Keys().decision_partitions[0], {"data": "not json"})
         until(lambda: acl_redis.admin.xlen("hookbus:dlq"), "a dead letter", 20, acl_redis.denied)
 
         # The operator's commands.
@@ -417,8 +552,11 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         until(audited, "break-glass in the audit log", 30, acl_redis.denied)
 
         # Every health check, as the role that runs it and as the operator.
-        for url in (acl_redis.url("worker"), operator):
-            for target in ("workers.demo_hooks:SecretGuard", "workers.audit:AsyncAuditLogHook"):
+        for user, target in (
+            ("hook-SecretGuard", "workers.demo_hooks:SecretGuard"),
+            ("hook-AsyncAuditLogHook", "workers.audit:AsyncAuditLogHook"),
+        ):
+            for url in (acl_redis.url(user), operator):
                 hookbus(url, "worker", target, "--check")
                 hookbus(url, "worker", target, "--check", "--here")
         for url in (acl_redis.url("coordinator"), operator):
@@ -464,36 +602,40 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
             client.close()
 
     noperm = redis.exceptions.NoPermissionError
-    acl_redis.admin.xadd("hookbus:events", {"data": "x"})
+    keys = Keys()
+    events, decisions = keys.event_partitions[0], keys.decision_partitions[0]
+    worker = "hook-SecretGuard"
+    acl_redis.admin.xadd(events, {"data": "x"})
     assert refused(None, "PING") is redis.exceptions.AuthenticationError  # nothing anonymous
-    assert refused("worker", "XADD", "hookbus:events", "*", "data", "forged") is noperm
-    assert refused("worker", "DEL", "hookbus:events") is noperm
-    assert refused("worker", "SET", "hookbus:cancelled:s1", "1") is noperm
-    assert refused("agent", "DEL", "hookbus:events") is noperm
-    read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", "hookbus:events", ">")
+    assert refused(worker, "XADD", events, "*", "data", "forged") is noperm
+    assert refused(worker, "DEL", events) is noperm
+    assert refused(worker, "SET", keys.cancelled("s1"), "1") is noperm
+    assert refused("agent", "DEL", events) is noperm
+    read = ("XREADGROUP", "GROUP", "g", "c", "STREAMS", events, ">")
     assert refused("agent", *read) is noperm
-    assert refused("agent", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
+    assert refused(worker, *read) is noperm  # a sync hook does not follow the events
+    assert refused("agent", "SET", keys.manifest("Fake"), "{}") is noperm
     # An agent can neither read what is asked of a hook nor answer in a hook's place.
-    acl_redis.admin.xadd("hookbus:hook:Guard:requests", {"data": "{}"})
-    requests = "hookbus:hook:Guard:requests"
+    requests = keys.requests("SecretGuard")
+    acl_redis.admin.xadd(requests, {"data": "{}"})
     assert refused("agent", "XRANGE", requests, "-", "+") is noperm
     read = ("XREADGROUP", "GROUP", "workers", "a", "STREAMS", requests, ">")
     assert refused("agent", *read) is noperm
     assert refused("agent", "XREAD", "STREAMS", requests, "0") is noperm
-    assert refused("agent", "RPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
-    assert refused("agent", "LPUSH", "hookbus:inbox:c1", '{"status":"ok"}') is noperm
-    assert refused("agent", "HSET", "hookbus:hooks", "Guard", "{}") is noperm
-    assert refused("agent", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
+    assert refused("agent", "RPUSH", keys.inbox("c1"), '{"status":"ok"}') is noperm
+    assert refused("agent", "LPUSH", keys.inbox("c1"), '{"status":"ok"}') is noperm
+    assert refused("agent", "SET", keys.manifest("SecretGuard"), "{}") is noperm
+    assert refused("agent", "HSET", keys.modes, "SecretGuard", "dryrun") is noperm
     # Nor can a hook change how hooks are applied (modes) or forge decisions or cancellations.
-    assert refused("worker", "HSET", "hookbus:modes", "Guard", "dryrun") is noperm
-    assert refused("worker", "XADD", "hookbus:decisions", "*", "data", "forged") is noperm
-    for role in ("agent", "worker", "coordinator"):  # only an operator may break the glass
-        assert refused(role, "SET", "hookbus:breakglass", "{}") is noperm
-        assert refused(role, "DEL", "hookbus:breakglass") is noperm
-    assert refused("coordinator", "HSET", "hookbus:hooks", "Fake", "{}") is noperm
-    assert refused("coordinator", "DEL", "hookbus:events") is noperm
-    assert refused("operator", "DEL", "hookbus:hooks") is noperm
-    assert refused("operator", "XADD", "hookbus:events", "*", "data", "forged") is noperm
+    assert refused(worker, "HSET", keys.modes, "SecretGuard", "dryrun") is noperm
+    assert refused(worker, "XADD", decisions, "*", "data", "forged") is noperm
+    for role in ("agent", worker, "coordinator", "tenant-demo"):  # only an operator may
+        assert refused(role, "SET", keys.breakglass, "{}") is noperm
+        assert refused(role, "DEL", keys.breakglass) is noperm
+    assert refused("coordinator", "SET", keys.manifest("Fake"), "{}") is noperm
+    assert refused("coordinator", "DEL", events) is noperm
+    assert refused("operator", "DEL", keys.hooks) is noperm
+    assert refused("operator", "XADD", events, "*", "data", "forged") is noperm
     for role in PASSWORDS:
         assert refused(role, "GET", "elsewhere:key") is noperm
         assert refused(role, "FLUSHALL") is noperm
@@ -504,24 +646,41 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
 def test_every_role_reads_redis_clock_and_only_workers_publish_offsets(
     acl_redis: AclRedis,
 ) -> None:
-    """Deadlines and liveness are on Redis's clock (bus/clock.py): every role may read ``TIME``;
-    a worker publishes its offset, coordinators and agents read it and cannot forge it."""
+    """Deadlines and liveness are on Redis's clock (bus/clock.py): every role but a tenant's may
+    read ``TIME``; a hook's replicas publish their offsets, coordinators and agents read them
+    and cannot forge them, nor can another hook."""
     import redis
 
-    clocks, replicas = "hookbus:hook:Guard:clocks", "hookbus:hook:Guard:replicas"
+    keys = Keys()
+    clocks, replicas = keys.clocks("SecretGuard"), keys.replicas("SecretGuard")
     clients = {r: redis.Redis.from_url(acl_redis.url(r)) for r in PASSWORDS}
+    worker = "hook-SecretGuard"
     try:
-        for client in clients.values():
+        for user, client in clients.items():
+            if user.startswith("tenant-"):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    client.time()
+                continue
             secs, _ = client.time()
             assert abs(secs - time.time()) < 60
-        assert clients["worker"].hset(clocks, "w-1-ab", 5000) == 1
-        for role in ("coordinator", "agent", "operator", "worker"):
+        assert clients[worker].hset(clocks, "w-1-ab", 5000) == 1
+        for role in ("coordinator", "agent", "operator", worker):
             assert clients[role].hgetall(clocks) == {b"w-1-ab": b"5000"}
             assert clients[role].zrange(replicas, 0, "+inf", byscore=True) == []
-        for role in ("coordinator", "agent", "operator"):
+        for role in ("coordinator", "agent", "operator", "hook-CancellationHook"):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 clients[role].hset(clocks, "w-1-ab", 0)
-        assert clients["worker"].hdel(clocks, "w-1-ab") == 1
+        assert clients[worker].hdel(clocks, "w-1-ab") == 1
     finally:
         for client in clients.values():
             client.close()
+
+
+def test_the_generated_users_password_variables_are_known() -> None:
+    """A hook or tenant user's password variable (start.sh reads it) is no typo to warn about;
+    a variable that only looks like one is."""
+    from bus.settings import unknown_variables
+
+    env = {password_var(u): "x" for u in USERS if u != "default"}
+    assert unknown_variables(env) == []
+    assert unknown_variables({"HOOKBUS_HOOK_GUARD_PASSWRD": "x"}) == ["HOOKBUS_HOOK_GUARD_PASSWRD"]

@@ -38,6 +38,7 @@ from bus.schema import MESSAGES
 from bus.settings import BusSettings
 from tests.harness import Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig, Scripted
+from workers.coordinator_service import Source
 from workers.replay import replay_dead_letters
 
 
@@ -256,11 +257,13 @@ def test_service_entry_points_never_crash(bus_settings: BusSettings, data: list[
 
     async def feed() -> None:
         worker, async_worker, trail, service, coordinator = await _entry_points(bus_settings)
+        source = Source(service.keys.decision_partitions[0])
+        service._register(source)
         try:
             for i, payload in enumerate(data):
                 fields = {b"data": payload}
                 await worker._handle(f"1-{i}".encode(), fields)
-                await service._answer(f"1-{i}".encode(), fields)
+                await service._answer(source, f"1-{i}".encode(), fields)
                 coordinator._deliver(payload)
             entries = [(f"1-{i}".encode(), {b"data": p}) for i, p in enumerate(data)]
             await async_worker.process("events", entries)
@@ -345,9 +348,9 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
 
         # 1. Raw entries straight to every stream any role reads.
         request = {**VALID_REQUEST, "hook": "Guard", "reply_to": keys.inbox("nobody")}
-        event = {"v": 1, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
-        audit = {"v": 1, "id": "a", "ts": 1, "kind": "shadowed"}
-        decision = {"v": 1, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
+        event = {"v": 2, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
+        audit = {"v": 2, "id": "a", "ts": 1, "kind": "shadowed"}
+        decision = {"v": 2, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
         streams = {
             keys.requests("Guard"): (request, [WORKERS_GROUP]),
             keys.requests("Deep"): ({**request, "hook": "Deep"}, [WORKERS_GROUP]),
@@ -362,7 +365,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
             entries = [p for d in RAW_DEPTHS for p in poison(d, envelope)] + [{b"other": b"x"}]
             written[stream] = [await redis.xadd(stream, fields) for fields in entries]
         # A reply nested 100,000 levels deep in the agent's own inbox.
-        deep_reply = b'{"v":1,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
+        deep_reply = b'{"v":2,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
             b'{"type":"Metadata","key":"k","value":' + deep_json(100_000) + b"}}"
         )
         await redis.rpush(client.inbox, deep_reply)
@@ -407,7 +410,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
                 rid = new_id()
                 asked[rid] = kind
                 body = json.dumps(
-                    {"v": 1, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
+                    {"v": 2, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
                      "timeout_ms": 5000}
                 )[:-1].encode()  # fmt: skip
                 data = body + b"," + poison(depth, {})[2][b"data"][2:]
@@ -416,7 +419,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
         asked[rid] = "fine"
         fine = {"session_id": "s", "tool_name": "t", "output_content": "[{" * 1000}
         await redis.xadd(dv(keys), {"data": json.dumps(
-            {"v": 1, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
+            {"v": 2, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
              "timeout_ms": 5000, "context": fine})})  # fmt: skip
         answered: dict[str, Any] = {}
         t0 = time.monotonic()
@@ -497,7 +500,7 @@ def flood(i: int, envelope: dict[str, Any]) -> dict[bytes, bytes]:
     """The i-th of a mix of poison entries: too deep, malformed JSON, wrong types, no data."""
     kinds = [
         lambda: {b"data": deep_json(1_000 + i)},
-        lambda: {b"data": b'{"v":1,"id":' + str(i).encode()},
+        lambda: {b"data": b'{"v":2,"id":' + str(i).encode()},
         lambda: {b"data": json.dumps({**envelope, "ts": "never"}).encode()},
         lambda: {b"data": json.dumps({**envelope, "junk": nested(200)}).encode()},
         lambda: {b"other": str(i).encode()},
@@ -527,12 +530,12 @@ async def test_400_poison_messages_log_a_bounded_number_of_lines(
         await wait_for(groups_ready, timeout=30, what="the services' groups")
         await wait_for(lambda: redis.zcard(keys.replicas("AsyncSink")), what="AsyncSink")
         request = {**VALID_REQUEST, "hook": "Sink"}
-        event = {"v": 1, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
+        event = {"v": 2, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
         streams = {
             keys.requests("Sink"): (request, WORKERS_GROUP),
             ev(keys): (event, "AsyncSink"),
             dv(keys): (
-                {"v": 1, "id": "d", "ts": 1, "event": "PreToolUse"},
+                {"v": 2, "id": "d", "ts": 1, "event": "PreToolUse"},
                 COORDINATORS_GROUP,
             ),
         }

@@ -24,7 +24,7 @@ from bus import AgentHook, HookEvent, PreToolUseContext
 from bus.actions import CONTINUE, PreToolUseAction
 from bus.coordinator import Coordinator
 from bus.keys import Keys
-from bus.protocol import EventMessage, decode, new_id, now_ms
+from bus.protocol import AuditRecord, EventMessage, decode, new_id, now_ms
 from bus.settings import BusSettings
 from tests.claude_code_types import INPUTS, ROOT, check_output, pre_tool_use
 from tests.harness import Processes, until, worker_env
@@ -116,7 +116,7 @@ def start_gateway(
 
 def events_of(settings: BusSettings) -> list[EventMessage]:
     with Redis.from_url(settings.redis_url) as redis:
-        entries = redis.xrange(Keys(settings.prefix).events)
+        entries = redis.xrange(Keys(settings.prefix).event_partitions[0])
     return [decode(fields[b"data"], EventMessage) for _, fields in entries]
 
 
@@ -148,8 +148,9 @@ def test_secret_guard_denies_claude_code_reading_env_over_http(
     prompt = {**INPUTS["Stop"], "hook_event_name": "UserPromptSubmit", "prompt": "hi"}
     assert gateway.post("/claude-code", prompt)[:2] == (200, {})
 
-    # The dispatch was published like any other, its source the token's tenant.
-    ours = [m for m in events_of(bus_settings) if m.session_id == "cc-http-1"]
+    # The dispatch was published like any other: its session inside the tenant's namespace,
+    # its source the token's tenant.
+    ours = [m for m in events_of(bus_settings) if m.session_id == "laptop/cc-http-1"]
     assert [(m.event, m.source) for m in ours] == [(HookEvent.PRE_TOOL_USE, "tenant:laptop")]
 
 
@@ -187,12 +188,12 @@ def test_a_cancelled_session_stops_claude_code(
     gateway = start_gateway(procs, bus_settings, tmp_path)
     bash = pre_tool_use("Bash", {"command": "ls"}, session="cc-cancel")
     assert gateway.post("/claude-code", bash)[:2] == (200, {})
-    proc = hookbus("cancel", "cc-cancel", env=worker_env(bus_settings))
+    proc = hookbus("cancel", "laptop/cc-cancel", env=worker_env(bus_settings))
     assert proc.returncode == 0, proc.stderr
     status, out, _ = gateway.post("/claude-code", bash)
     check_output(out)
     assert (status, out["continue"]) == (200, False), out
-    assert out["stopReason"] == "session cc-cancel was cancelled by the user"
+    assert out["stopReason"] == "session laptop/cc-cancel was cancelled by the user"
     # Another session goes on.
     other = pre_tool_use("Bash", {"command": "ls"}, session="cc-other")
     assert gateway.post("/claude-code", other)[:2] == (200, {})
@@ -203,7 +204,7 @@ def test_a_cancelled_session_stops_claude_code(
 
 def decision_request(**fields: Any) -> dict[str, Any]:
     return {
-        "v": 1, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
+        "v": 2, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s-http", "tool_name": "file_read",
                     "tool_args": {"path": "app/.env"}},
         "timeout_ms": 5000, **fields,
@@ -220,7 +221,7 @@ def test_decisions_endpoint_answers_like_the_coordinator_service(
     status, reply, headers = gateway.post("/v1/decisions", request)
     assert status == 200 and headers["content-type"] == "application/json", reply
     assert (reply["v"], reply["request_id"], reply["event"], reply["status"]) == (
-        1, request["id"], "PreToolUse", "ok")  # fmt: skip
+        2, request["id"], "PreToolUse", "ok")  # fmt: skip
     assert reply["result"]["action"] == {
         "type": "Block",
         "reason": ".env files hold secrets; file_read on them is not allowed",
@@ -240,7 +241,7 @@ def test_decisions_endpoint_answers_like_the_coordinator_service(
         (json.dumps(decision_request(event="PreToolCall")).encode(), "$.event", "PreToolCall"),
         (json.dumps(decision_request(context={"session_id": "s", "tool_name": 3})).encode(),
          "$.context.tool_name", "Expected `str`, got `int`"),
-        (json.dumps(decision_request(v=2)).encode(), "$.v", "protocol version 2"),
+        (json.dumps(decision_request(v=3)).encode(), "$.v", "protocol version 3"),
     ],
     ids=["not-json", "unknown-event", "wrong-type", "version"],
 )  # fmt: skip
@@ -269,7 +270,7 @@ def test_deadlines_sizes_and_credentials(
     status, reply, _ = gateway.post("/v1/decisions", late)
     assert (status, reply["status"], reply["request_id"]) == (504, "error", late["id"]), reply
     assert reply["error"] == "no decision within timeout_ms=5000"
-    assert not [m for m in events_of(bus_settings) if m.session_id == "s-http"]
+    assert not [m for m in events_of(bus_settings) if m.session_id.endswith("s-http")]
     # Too large, declared or not: 413 (the body is not read).
     huge = decision_request(context={"session_id": "s", "tool_name": "t", "tool_args":
                                      {"blob": "x" * 5000}})  # fmt: skip
@@ -283,7 +284,7 @@ def test_deadlines_sizes_and_credentials(
             status, reply, headers = gateway.post(path, decision_request(), token, **extra)
             assert status == 401, (path, reply)
             assert headers["www-authenticate"] == 'Bearer realm="hookbus"'
-    assert not [m for m in events_of(bus_settings) if m.session_id == "s-http"]
+    assert not [m for m in events_of(bus_settings) if m.session_id.endswith("s-http")]
 
 
 def test_the_tenant_comes_from_the_token_never_the_body(
@@ -300,8 +301,8 @@ def test_the_tenant_comes_from_the_token_never_the_body(
     assert status == 200, reply
     claude = {**pre_tool_use("Bash", {"command": "ls"}, "s-forged"), "source": "tenant:acme"}
     assert gateway.post("/claude-code", claude, mallory, **{"X-Tenant": "acme"})[0] == 200
-    sources = [m.source for m in events_of(bus_settings) if m.session_id == "s-forged"]
-    assert sources == ["tenant:mallory", "tenant:mallory"]
+    seen = [(m.session_id, m.source) for m in events_of(bus_settings)]
+    assert seen == [("mallory/s-forged", "tenant:mallory")] * 2
 
 
 def test_health_follows_redis(procs: Processes, tmp_path: Path) -> None:
@@ -394,3 +395,54 @@ async def test_claude_code_calls_fail_closed_when_no_decision_comes_in_time(
         answer = await gateway.claude_code("t", json.dumps(INPUTS["PostToolUse"]).encode())
         assert answer.status == 504, answer
         assert gateway.stats["timed_out"] == 2 and gateway.stats["failed_closed"] == 1
+
+
+def test_a_warn_mode_answer_reaches_claude_as_context_and_the_audit_trail_names_the_tenant(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    live(bus_settings, "SecretGuard")
+    proc = hookbus("hooks", "mode", "SecretGuard", "warn", env=worker_env(bus_settings))
+    assert proc.returncode == 0, proc.stderr
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="team-a")
+    status, out, _ = gateway.post("/claude-code", pre_tool_use("Read", {"file_path": ".env"}))
+    assert status == 200, out
+    check_output(out)
+    assert out == {"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "additionalContext": "[Hook: SecretGuard | PreToolUse] Warning: this hook would have "
+        "blocked: .env files hold secrets; Read on them is not allowed",
+    }}  # fmt: skip
+    with Redis.from_url(bus_settings.redis_url) as redis:
+        entries = redis.xrange(Keys(bus_settings.prefix).audit)
+    (record,) = [decode(fields[b"data"], AuditRecord) for _, fields in entries]
+    assert (record.kind, record.hook, record.mode, record.by) == (
+        "shadowed", "SecretGuard", "warn", "tenant:team-a")  # fmt: skip
+
+
+def test_a_token_reaches_only_its_own_tenants_sessions(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """The attack of issue 16, over HTTP: lift another tenant's cancellation by ending its
+    session, with the attacker's own valid token."""
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    live(bus_settings, "CancellationHook")
+    tokens = tmp_path / "tokens"
+    mallory = new_token(tokens, "mallory")
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="team-b")
+    proc = hookbus("cancel", "team-b/victim", env=worker_env(bus_settings))
+    assert proc.returncode == 0, proc.stderr
+    bash = pre_tool_use("Bash", {"command": "ls"}, session="victim")
+    assert gateway.post("/claude-code", bash)[1]["continue"] is False
+    # Mallory ends the victim's session every way a session id can be written.
+    for session in ("victim", "team-b/victim", "../team-b/victim"):
+        end = {**INPUTS["SessionEnd"], "session_id": session}
+        assert gateway.post("/claude-code", end, mallory)[:2] == (200, {})
+        stop = decision_request(event="OnSessionStop", context={"session_id": session})
+        status, reply, _ = gateway.post("/v1/decisions", stop, mallory)
+        assert (status, reply["status"]) == (200, "ok"), reply
+    # The victim's session is still cancelled; Mallory only ended sessions of her own.
+    status, out, _ = gateway.post("/claude-code", bash)
+    assert (status, out["continue"]) == (200, False), out
+    ended = {m.session_id for m in events_of(bus_settings) if m.event == HookEvent.ON_SESSION_STOP}
+    assert ended == {"mallory/victim", "mallory/team-b/victim", "mallory/../team-b/victim"}

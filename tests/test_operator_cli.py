@@ -410,7 +410,7 @@ def test_metrics_shows_every_metrics_hash(bus_settings: BusSettings, r: redis.Re
     r.hincrbyfloat(keys.metrics("AsyncMetricsHook"), "tool_latency_ms_total", 12.25)
     r.hset(keys.metrics("Other"), "sessions_started", 1)
     r.set(keys.metrics("not-a-hash"), "x")
-    r.sadd(keys.hooks, "AsyncMetricsHook", "Other", "not-a-hash", "no-metrics")  # registered
+    r.sadd(keys.hooks, "AsyncMetricsHook", "Other", "not-a-hash")  # hooks are found by name
     out = ok(hookbus(bus_settings, "metrics"))
     rows = [line.strip("│ ").split("│") for line in out.splitlines() if "│" in line]
     assert [[c.strip() for c in row] for row in rows] == [
@@ -446,3 +446,144 @@ def test_unreachable_redis_is_one_line_and_exit_code_2(
     [line] = result.stderr.splitlines()
     assert line.startswith(f"hookbus: cannot reach Redis at {url}: ")
     assert result.stdout == ""
+
+
+# -- tenants and repair -------------------------------------------------------------------------
+
+
+def audit_kinds(r: redis.Redis, keys: Keys) -> list[tuple[str, str, str]]:
+    from bus.protocol import AuditRecord, decode
+
+    out = []
+    for _, fields in r.xrange(keys.audit):
+        record = decode(fields[b"data"], AuditRecord)
+        out.append((record.kind, record.mode, record.detail))
+    return out
+
+
+def test_tenants_add_list_remove_each_recorded(bus_settings: BusSettings, r: redis.Redis) -> None:
+    keys = Keys.of(bus_settings)
+    assert ok(hookbus(bus_settings, "tenants", "list")).strip() == f"no tenants in {keys.tenants}"
+    out = ok(hookbus(bus_settings, "tenants", "add", "acme", "--by", "ops"))
+    assert out.startswith(
+        f"tenant acme added: the coordinator service answers {keys.tenant_decisions('acme')}"
+    )
+    assert "already" in ok(hookbus(bus_settings, "tenants", "add", "acme"))
+    ok(hookbus(bus_settings, "tenants", "add", "beta"))
+    assert ok(hookbus(bus_settings, "tenants", "list")).split() == ["acme", "beta"]
+    assert r.smembers(keys.tenants) == {b"acme", b"beta"}
+    assert "removed" in ok(hookbus(bus_settings, "tenants", "remove", "acme"))
+    assert "was not served" in ok(hookbus(bus_settings, "tenants", "remove", "acme"))
+    assert r.smembers(keys.tenants) == {b"beta"}
+    assert audit_kinds(r, keys) == [
+        ("tenant", "add", "acme"), ("tenant", "add", "beta"), ("tenant", "remove", "acme"),
+    ]  # fmt: skip
+    assert "tenant add" in ok(hookbus(bus_settings, "audit", "list"))
+    # A name that cannot be a tenant (it would break a qualified session id) is refused.
+    bad = hookbus(bus_settings, "tenants", "add", "a/b")
+    assert bad.returncode == 2 and "tenant 'a/b' must be" in bad.stderr
+    assert hookbus(bus_settings, "tenants", "add").returncode == 2
+    assert r.smembers(keys.tenants) == {b"beta"}
+
+
+MAX_ID = "18446744073709551615-18446744073709551615"
+
+
+def poisoned_stream(r: redis.Redis, stream: str) -> tuple[list[bytes], bytes]:
+    """Three entries, group ``slow`` after the first, group ``fast`` past the poison (it read
+    it), then a maximal id: every later XADD * fails."""
+    valid = [r.xadd(stream, {"data": f"ok-{i}"}) for i in range(3)]
+    r.xgroup_create(stream, "slow", id=valid[0])
+    r.xgroup_create(stream, "fast", id="0")
+    poison = r.xadd(stream, {"data": "poison"}, id=MAX_ID)
+    r.xreadgroup("fast", "c1", {stream: ">"})
+    with pytest.raises(redis.exceptions.ResponseError, match="exhausted"):
+        r.xadd(stream, {"data": "later"})
+    return valid, poison
+
+
+def test_repair_takes_out_a_maximal_id_and_keeps_groups_and_entries(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    keys = Keys.of(bus_settings)
+    stream = keys.tenant_decisions("acme")
+    valid, poison = poisoned_stream(r, stream)
+    out = ok(hookbus(bus_settings, "repair", "--tenant", "acme", "--by", "ops"))
+    assert f"repaired {stream}: last id {MAX_ID} set back to {valid[-1].decode()}" in out
+    assert f"group fast moved back from {MAX_ID}" in out
+    # Every valid entry and both groups stay; the slow group's position too.
+    assert [i for i, _ in r.xrange(stream)] == valid
+    groups = {g["name"]: g for g in r.xinfo_groups(stream)}
+    assert groups[b"slow"]["last-delivered-id"] == valid[0]
+    assert groups[b"fast"]["last-delivered-id"] == valid[-1]
+    assert groups[b"fast"]["pending"] == 3  # the poison's delivery was acknowledged
+    # XADD * works again, on Redis's clock, and both groups get the new entry.
+    new = r.xadd(stream, {"data": "later"})
+    assert abs(int(new.split(b"-")[0]) - now_ms()) < 60_000
+    assert r.xreadgroup("fast", "c1", {stream: ">"})[0][1] == [(new, {b"data": b"later"})]
+    slow = r.xreadgroup("slow", "c1", {stream: ">"})[0][1]
+    assert [i for i, _ in slow] == [*valid[1:], new]
+    # The poison is a dead letter with why, and the repair is in the audit trail.
+    (letter,) = [f for _, f in r.xrange(keys.dlq)]
+    assert letter[b"source"] == stream.encode() and letter[b"entry_id"] == poison
+    assert letter[b"data"] == b"poison"
+    assert letter[b"reason"].startswith(f"repair: its id {MAX_ID} was beyond".encode())
+    ((kind, mode, detail),) = audit_kinds(r, keys)
+    assert (kind, mode) == ("repair", "stream") and detail.startswith(f"{stream}: last id {MAX_ID}")
+    # Repaired: a second run changes nothing.
+    again = ok(hookbus(bus_settings, "repair", stream))
+    assert f"{stream} is not poisoned" in again
+    assert r.xlen(keys.dlq) == 1 and len(audit_kinds(r, keys)) == 1
+
+
+def test_repair_takes_out_every_entry_a_future_id_pushed_ahead(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    """An id far ahead, not maximal: later XADD * still work but get ids after it. All of them
+    are taken out (dead-lettered, so nothing is lost) and the stream is on Redis's clock again."""
+    keys = Keys.of(bus_settings)
+    stream = keys.event_partitions[0]
+    valid = r.xadd(stream, {"data": "ok"})
+    r.xgroup_create(stream, "g", id="0")
+    ahead = f"{now_ms() + 10 * 365 * 86_400_000}-0"
+    r.xadd(stream, {"data": "ahead"}, id=ahead)
+    pushed = [r.xadd(stream, {"data": f"pushed-{i}"}) for i in range(3)]
+    assert all(p.startswith(ahead.split("-")[0].encode()) for p in pushed)
+    ok(hookbus(bus_settings, "repair", stream))
+    assert [i for i, _ in r.xrange(stream)] == [valid]
+    letters = [(f[b"entry_id"], f[b"data"]) for _, f in r.xrange(keys.dlq)]
+    assert letters == [
+        (ahead.encode(), b"ahead"),
+        *((p, f"pushed-{i}".encode()) for i, p in enumerate(pushed)),
+    ]
+    new = r.xadd(stream, {"data": "now"})
+    assert abs(int(new.split(b"-")[0]) - now_ms()) < 60_000
+    assert [i for i, _ in r.xreadgroup("g", "c", {stream: ">"})[0][1]] == [valid, new]
+
+
+def test_repair_refuses_what_is_not_a_bus_stream(bus_settings: BusSettings) -> None:
+    keys = Keys.of(bus_settings)
+    for stream in ("elsewhere:stream", f"{keys.prefix}:hooks", keys.inbox("x")):
+        result = hookbus(bus_settings, "repair", stream)
+        assert result.returncode == 2 and "is not one of the bus's streams" in result.stderr
+    missing = hookbus(bus_settings, "repair", keys.tenant_decisions("nobody"))
+    assert missing.returncode == 2 and "no stream" in missing.stderr
+
+
+async def test_repair_on_a_redis_cluster(cluster_settings: BusSettings) -> None:
+    """The repair's transaction is on one key (one slot); its dead letters and audit record
+    go to other slots after it."""
+    from workers.operator import repair_stream
+
+    keys = Keys.of(cluster_settings)
+    client = connect(cluster_settings)
+    try:
+        stream = keys.requests("Guard")
+        first = await client.xadd(stream, {"data": "ok"})
+        await client.xadd(stream, {"data": "poison"}, id=MAX_ID)
+        done = await repair_stream(client, keys, stream, "ops")
+        assert done.poisoned and done.new_last_id == first.decode()
+        assert await client.xlen(keys.dlq) == 1
+        assert (await client.xadd(stream, {"data": "later"})) > first
+    finally:
+        await client.aclose()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from bus.keys import Keys
 from bus.schema import drift, render
 from tests.harness import ROOT
 
@@ -40,6 +42,29 @@ def test_asyncapi_names_every_channel_and_message() -> None:
     doc = json.loads((SCHEMA_DIR / "asyncapi.json").read_text())
     assert doc["asyncapi"] == "3.0.0"
     addresses = {c["address"] for c in doc["channels"].values()}
-    assert {"hookbus:events", "hookbus:decisions", "hookbus:inbox:{owner}"} <= addresses
+    assert {
+        "hookbus:events:{partition}",
+        "hookbus:decisions:{partition}",
+        "hookbus:inbox:{owner}",
+        "hookbus:t:{tenant}:decisions",
+        "hookbus:t:{tenant}:inbox:{owner}",
+    } <= addresses
     for op in doc["operations"].values():
         assert op["channel"]["$ref"].removeprefix("#/channels/") in doc["channels"]
+    # Every parameter of an address is described, hash tags' braces included (key layout 2).
+    for channel in doc["channels"].values():
+        named = set(re.findall(r"\{(\w+)\}", channel["address"]))
+        assert named == set(channel.get("parameters", {})), channel
+    assert "CancelRequest" in doc["channels"]["tenantDecisions"]["messages"]
+    # The tenant's channels and the hooks' are what bus/keys.py names, once a parameter is filled.
+    keys = Keys("hookbus")
+    assert keys.tenant_decisions("acme") == "hookbus:t:{tenant}:decisions".replace(
+        "{tenant}", "{acme}"
+    )
+    assert keys.requests("Guard", 2) == "hookbus:hook:{hook}:requests".replace(
+        "{hook}", "{Guard#2}"
+    )
+    assert keys.event_partitions[0] == "hookbus:events:{partition}".replace("{partition}", "{e0.0}")
+    assert keys.decision_partitions[0] == "hookbus:decisions:{partition}".replace(
+        "{partition}", "{d0.0}"
+    )

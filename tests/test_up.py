@@ -138,9 +138,11 @@ def test_up_runs_the_services_of_the_compose_file() -> None:
     for name, s in services.items():
         if s.get("image") != "hookbus:latest" or "profiles" in s:
             continue
-        role = re.match(r"redis://(\w+):", s["environment"]["HOOKBUS_REDIS_URL"])
-        assert role, name
-        expected[name] = (tuple(s["command"]), s.get("deploy", {}).get("replicas", 1), role[1])
+        user = re.match(r"redis://([\w.-]+):", s["environment"]["HOOKBUS_REDIS_URL"])
+        assert user, name
+        # A hook service runs as its hook's own user (hook-NAME), the others as their role.
+        role = "worker" if user[1].startswith("hook-") else user[1]
+        expected[name] = (tuple(s["command"]), s.get("deploy", {}).get("replicas", 1), role)
     launched = {s.name: (s.args, s.replicas, s.role) for s in (*STACK, DEMO)}
     assert launched == expected
 
@@ -272,7 +274,7 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     assert worker.wait(30) == 0
     assert hookbus(s, "worker", guard, "--check") == (
         1,
-        f"hookbus: hook SecretGuard has no replica in {prefix}:hook:SecretGuard:replicas",
+        f"hookbus: hook SecretGuard has no replica in {prefix}:hook:{{SecretGuard}}:replicas",
     )
     # A live replica on another host: live, but not here.
     keys = Keys(prefix)
@@ -281,7 +283,8 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     assert hookbus(s, "worker", guard, "--check")[0] == 0
     assert hookbus(s, "worker", guard, "--check", "--here") == (
         1,
-        f"hookbus: hook SecretGuard has no replica on {host} in {prefix}:hook:SecretGuard:replicas",
+        f"hookbus: hook SecretGuard has no replica on {host} in "
+        f"{prefix}:hook:{{SecretGuard}}:replicas",
     )
     # A replica that stopped beating.
     with redis.Redis.from_url(s.redis_url) as r:

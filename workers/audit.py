@@ -47,10 +47,13 @@ def audit_row(d: DeliveredEvent) -> tuple[str, ...]:
 
 
 def audit_record_row(r: AuditRecord) -> tuple[str, ...]:
-    """The audit row of one audit-trail record: an answer not applied, or a break-glass."""
+    """The audit row of one audit-trail record: an answer not applied, a break-glass, a tenant
+    added or removed, a stream repaired."""
     if r.kind == "breakglass":
         until = dt.datetime.fromtimestamp(r.until_ms / 1000, dt.UTC).isoformat()
         status, detail = f"BREAKGLASS_{r.mode.upper()}", f"{r.by}: {r.detail} (until {until})"
+    elif r.kind in ("tenant", "repair"):  # an operator's change: TENANT_ADD, REPAIR_STREAM…
+        status, detail = f"{r.kind.upper()}_{r.mode.upper()}", f"{r.by}: {r.detail}"
     else:
         status, detail = r.mode.upper(), f"{r.hook}: {r.detail}"
         if r.breakglass:

@@ -31,6 +31,8 @@ class RedisCancellationHook(AgentHook):
     name = "CancellationHook"
     subscribed_events = (HookEvent.PRE_TOOL_USE,)
     failure_policy = "fail"  # if we cannot tell whether it was cancelled, do not run the tool
+    #: Its Redis user may read the cancellation keys and start their TTL (workers/acl.py).
+    acl_capabilities = ("read-cancellations",)
 
     def __init__(self, settings: BusSettings | None = None) -> None:
         self.settings = settings or BusSettings.from_env()

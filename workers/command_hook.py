@@ -14,13 +14,16 @@ when the service starts):
     Claude Code's ``matcher``: a tool name, ``Edit|Write``, a regular expression matched against
     the whole tool name, or ``*``/empty for every tool (the default).
 ``HOOKBUS_COMMAND_TIMEOUT``
-    seconds the command may run (default 60); it is killed after that, and the hook counts as
-    timed out.
+    seconds the command may run (default 60); it is killed after that, with everything it
+    started, and the hook fails. (The hook's own timeout is a second longer.)
 ``HOOKBUS_COMMAND_FAILURE_POLICY``
     ``ignore`` (the default: like Claude Code, a failing command does not block) or ``fail``.
 ``HOOKBUS_COMMAND_CWD``
     the directory it runs in and is told as ``cwd`` (and ``CLAUDE_PROJECT_DIR``); default: the
     service's own.
+
+The command gets the service's environment without its ``HOOKBUS_*`` variables (the Redis URL
+may hold a password).
 
 The command reads Claude Code's hook input on stdin (``workers.claude_code.hook_input``); exit
 status 2 blocks with stderr as the reason, and on exit 0 its JSON stdout is read as Claude Code
@@ -36,6 +39,7 @@ import json
 import logging
 import os
 import re
+import signal
 from typing import Any, cast
 
 from bus import AgentHook
@@ -50,6 +54,8 @@ log = logging.getLogger("hookbus.command_hook")
 
 #: The most a command may print on stdout or stderr.
 OUTPUT_LIMIT = MAX_MESSAGE_BYTES
+#: How much longer than its command the hook itself may take (killing and reaping it).
+KILL_MARGIN_SECS = 1.0
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _PREFIX = re.compile(r"^([A-Za-z0-9_-]+)\.\*$")
 
@@ -101,13 +107,18 @@ class CommandHook(AgentHook):
             raise ConfigError("HOOKBUS_COMMAND_TIMEOUT must be a number of seconds") from None
         if not self.run_secs > 0:
             raise ConfigError("HOOKBUS_COMMAND_TIMEOUT must be positive")
-        self.timeout = self.run_secs  # type: ignore[misc]
+        # The dispatcher waits a little longer than the command may run: a command that runs
+        # too long is killed, and reported, by this hook itself, with nothing left behind.
+        self.timeout = self.run_secs + KILL_MARGIN_SECS  # type: ignore[misc]
         policy = env.get("HOOKBUS_COMMAND_FAILURE_POLICY", "ignore")
         if policy not in ("ignore", "fail"):
             raise ConfigError("HOOKBUS_COMMAND_FAILURE_POLICY must be 'ignore' or 'fail'")
         self.failure_policy = cast(FailurePolicy, policy)  # type: ignore[misc]
         self.cwd = env.get("HOOKBUS_COMMAND_CWD") or os.getcwd()
-        self.env = {**env, "CLAUDE_PROJECT_DIR": self.cwd}
+        # The service's own settings stay with it: HOOKBUS_REDIS_URL may hold its Redis password,
+        # which a Claude Code hook script has no use for.
+        kept = {k: v for k, v in env.items() if not k.startswith("HOOKBUS_")}
+        self.env = {**kept, "CLAUDE_PROJECT_DIR": self.cwd}
 
     def _selected(self, ctx: HookContext) -> bool:
         tool = getattr(ctx, "tool_name", None)
@@ -123,23 +134,22 @@ class CommandHook(AgentHook):
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
+        out = asyncio.ensure_future(_capped(proc.stdout))
+        err = asyncio.ensure_future(_capped(proc.stderr))
+        feed = asyncio.ensure_future(_feed(proc.stdin, data))
+        tasks: list[asyncio.Future[Any]] = [out, err, feed]
         try:
             async with asyncio.timeout(self.run_secs):
-                stdout, stderr, _ = await asyncio.gather(
-                    _capped(proc.stdout), _capped(proc.stderr), _feed(proc.stdin, data)
-                )
+                stdout, stderr, _ = await asyncio.gather(out, err, feed)
                 status = await proc.wait()
         except TimeoutError:
             raise CommandFailed(f"the hook command ran past {self.run_secs:g}s; killed") from None
         finally:
-            if proc.returncode is None:  # timed out, cancelled, or printed too much
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 9)  # its own session: the shell and what it started
-                await proc.wait()
-        out, err = stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
-        if err.strip() and status != 2:
-            log.info("%s %s: the command said on stderr: %s", self.name, event, err.strip()[:500])
-        return from_command(event, ctx, status, out, err)
+            await _reap(proc, tasks)
+        said, complained = stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
+        if complained.strip() and status != 2:
+            log.info("%s %s: the command said on stderr: %s", self.name, event, complained[:500])
+        return from_command(event, ctx, status, said, complained)
 
     # one method per event, all the same command
 
@@ -178,6 +188,23 @@ class CommandHook(AgentHook):
 
     async def on_permission_denied(self, ctx: Any) -> None:
         await self._run(HookEvent.PERMISSION_DENIED, ctx)
+
+
+async def _reap(proc: asyncio.subprocess.Process, tasks: list[asyncio.Future[Any]]) -> None:
+    """Leave nothing behind: a command still running (timed out, cancelled, or printing too
+    much) is killed with everything it started, its readers stopped, its pipes closed."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the shell and its children
+    for task in tasks:
+        task.cancel()
+    try:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await proc.wait()
+    finally:  # even if this hook is cancelled meanwhile (its own deadline passed)
+        # asyncio's Process has no close(): without this its pipes would stay open until the
+        # transport is collected (and warn then) when the readers were stopped before EOF.
+        proc._transport.close()  # type: ignore[attr-defined]
 
 
 async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:

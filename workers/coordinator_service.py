@@ -235,7 +235,9 @@ class CoordinatorService:
         self._skew_logged_at = -1e9
         self._in_flight: dict[Source, dict[bytes, asyncio.Task[None]]] = {}
         self._settled: dict[Source, Settled] = {}
-        self._readers: list[asyncio.Task[None]] = []
+        self._readers: dict[Source, asyncio.Task[None]] = {}
+        #: Requests still being answered for tenants removed meanwhile.
+        self._retired: list[asyncio.Task[None]] = []
         # The service's own round trips at once (replies, dead letters, acknowledgements): a
         # burst of requests, poison ones above all, must not exhaust the connection pool.
         self._io = asyncio.Semaphore(IO_SLOTS)
@@ -264,16 +266,22 @@ class CoordinatorService:
                 await stop.wait()
             finally:
                 keeper.cancel()
-                await asyncio.gather(*self._readers, return_exceptions=True)
+                await asyncio.gather(*self._readers.values(), return_exceptions=True)
         finally:
             tasks = [t for flights in self._in_flight.values() for t in flights.values()]
+            tasks += [t for t in self._retired if not t.done()]
             if tasks:
                 await asyncio.wait(tasks, timeout=30)
             with contextlib.suppress(*UNREACHABLE):
                 await self._retire()
             await self.coordinator.close()
             self.expired.flush()
-            log.info("coordinator %s stopped: %s", self.coordinator.id, self.stats)
+            log.info(
+                "coordinator %s stopped: %s; dispatch: %s",
+                self.coordinator.id,
+                self.stats,
+                self.coordinator.stats,
+            )
 
     async def _serve(self, source: Source, stop: asyncio.Event) -> None:
         """Start answering one stream (its group created first)."""
@@ -282,11 +290,17 @@ class CoordinatorService:
         # From "0": requests sent while no replica was up are still answered if their agent is
         # still waiting (requests past ts + timeout_ms are dropped below).
         await ensure_group(self.redis, source.stream, COORDINATORS_GROUP, start="0")
+        self._register(source)
+        self._readers[source] = asyncio.create_task(self._loop(source, stop))
+
+    def _register(self, source: Source) -> None:
+        """Track what is in flight and settled on ``source``."""
         self._in_flight[source] = {}
         self._settled[source] = Settled()
-        self._readers.append(asyncio.create_task(self._loop(source, stop)))
 
     async def _serve_tenants(self, stop: asyncio.Event) -> None:
+        """Answer every tenant in ``{p}:tenants``, and stop answering those removed from it."""
+        served = set()
         for member in sorted(await self.redis.smembers(self.keys.tenants)):
             name = member.decode() if isinstance(member, bytes) else str(member)
             try:
@@ -294,7 +308,13 @@ class CoordinatorService:
             except ConfigError as exc:  # only the operator writes {p}:tenants; still checked
                 _failures.error("ignoring tenant %r in %s: %s", name, self.keys.tenants, exc)
                 continue
+            served.add(Source(stream, name))
             await self._serve(Source(stream, name), stop)
+        for source in [s for s in self._in_flight if s.tenant and s not in served]:
+            self._readers.pop(source).cancel()  # what it is answering is still answered
+            self._retired += self._in_flight.pop(source).values()
+            self._retired = [t for t in self._retired if not t.done()]
+            log.info("tenant %s removed: no longer answering %s", source.tenant, source.stream)
 
     async def _loop(self, source: Source, stop: asyncio.Event) -> None:
         async def answer_all(entries: list[Entry]) -> None:

@@ -19,7 +19,10 @@ One POST, one request, one decision:
 Every POST needs ``Authorization: Bearer <token>``. The token file holds one ``tenant:sha256``
 line per token (the hex SHA-256 of the token, never the token itself); a request's tenant is
 the one its token names, never anything in the body, and is recorded as the dispatch's source
-(``tenant:<name>`` on the event published to ``{p}:events`` and on audit records). Dispatches
+(``tenant:<name>`` on the event published to the events stream and on audit records), and
+scopes its sessions: a request's session id ``S`` is dispatched as ``<tenant>/S``
+(``qualify()``, as by the coordinator service), so a token reaches only its own tenant's
+sessions. Dispatches
 run on a ``Coordinator`` in this process, with the same ``decide()`` as the coordinator service,
 so HTTP and Redis agents get the same semantics.
 
@@ -157,6 +160,9 @@ class Tokens:
         return found
 
 
+# -- tenants' sessions --------------------------------------------------------------------------
+
+
 # -- the gateway, without its HTTP framework -------------------------------------------------
 
 
@@ -200,9 +206,7 @@ class Gateway:
             "no_counterpart": 0,
         }
 
-    def _error_reply(
-        self, status: int, error: str, request_id: str = "", where: str = ""
-    ) -> Answer:
+    def error_reply(self, status: int, error: str, request_id: str = "", where: str = "") -> Answer:
         reply = DecisionReply(
             id=new_id(), ts=now_ms(), request_id=request_id, status="error", error=error,
             field=where,
@@ -233,7 +237,7 @@ class Gateway:
                 asked = msgspec.json.decode(body, type=_Id).id
             except msgspec.DecodeError:
                 asked = ""
-            return self._error_reply(400, str(exc), asked, where)
+            return self.error_reply(400, str(exc), asked, where)
         if not request.id or not request.ts:
             request = msgspec.structs.replace(
                 request, id=request.id or new_id(), ts=request.ts or now_ms()
@@ -244,7 +248,7 @@ class Gateway:
         if reply is None or reply.status == "error":
             self.stats["timed_out"] += 1
             error = f"no decision within timeout_ms={request.timeout_ms}"
-            return self._error_reply(504, reply.error if reply else error, request.id)
+            return self.error_reply(504, reply.error if reply else error, request.id)
         return _json(200, reply)
 
     async def claude_code(self, tenant: str, body: bytes) -> Answer:
@@ -261,11 +265,11 @@ class Gateway:
         if call is None:  # an event HookBus has no counterpart for: no opinion
             self.stats["no_counterpart"] += 1
             return _json(200, {})
+        ctx = qualify(call.ctx, tenant)
         request = HttpDecisionRequest(
-            id=new_id(), ts=now_ms(), event=call.event, context=raw(call.ctx),
+            id=new_id(), ts=now_ms(), event=call.event, context=raw(ctx),
             timeout_ms=self.claude_timeout_ms,
         )  # fmt: skip
-        ctx = qualify(call.ctx, tenant)
         reply = await decide(self.coordinator, request, ctx, source=f"tenant:{tenant}")
         if reply is not None and reply.status == "ok":
             return _json(200, to_claude_code(call, reply.result))
@@ -323,10 +327,10 @@ def app(gateway: Gateway) -> Starlette:
     async def decisions(request: Request) -> Response:
         tenant = gateway.authorize(request.headers.get("authorization"))
         if tenant is None:
-            return respond(gateway._error_reply(401, "a valid bearer token is needed"))
+            return respond(gateway.error_reply(401, "a valid bearer token is needed"))
         body = await _read(request, gateway.max_body)
         if body is None:
-            return respond(gateway._error_reply(413, gateway.too_large("the request")))
+            return respond(gateway.error_reply(413, gateway.too_large("the request")))
         return respond(await gateway.decisions(tenant, body))
 
     async def claude_code(request: Request) -> Response:

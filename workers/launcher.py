@@ -11,7 +11,8 @@ launcher, which then stops them all — SIGTERM, then SIGKILL for what still run
 ``stop_timeout`` — then the private Redis, and exits 0.
 
 ``Stack`` is the process management without the terminal: the tests start it with one Redis URL
-per role (deploy/redis/users.acl) to run the stack under its ACL users.
+per role and per hook service (deploy/redis/users.acl, workers/acl.py) to run the stack under its
+ACL users.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ from workers.redis_server import RedisServer
 from workers.worker import load_hook
 
 #: The Redis user each kind of process runs as (deploy/redis/users.acl); "operator" is the one
-#: this launcher uses to tell when the others are ready.
+#: this launcher uses to tell when the others are ready. A hook service runs as its own user,
+#: ``hook-NAME`` (workers/acl.py), if ``urls`` has one, else as "worker" (``hookbus up``: one
+#: URL for every process).
 ROLES = ("coordinator", "worker", "agent", "operator")
 
 
@@ -98,7 +101,8 @@ class Stack:
     """Child processes started from ``services``, each logging to ``log_dir/NAME.log``.
 
     Args:
-        urls: the Redis URL of each role in ROLES.
+        urls: the Redis URL of each role in ROLES; "worker" may be left out when every hook
+            service has its own (``hook-NAME``).
         log_dir: where the log files go (created if missing).
         prefix: HOOKBUS_PREFIX for every child (default: the environment's).
         env: the children's environment (default: this process's).
@@ -115,8 +119,6 @@ class Stack:
         env: Mapping[str, str] | None = None,
         stop_timeout: float = 10.0,
     ) -> None:
-        if missing := [r for r in ROLES if r not in urls]:
-            raise ConfigError(f"no Redis URL for role {', '.join(missing)}")
         self.urls = dict(urls)
         self.log_dir = log_dir
         self.services = services
@@ -131,6 +133,17 @@ class Stack:
         self.hooks = {
             s.name: spec_of(load_hook(s.target)).name for s in services if s.target is not None
         }
+        needed = {"operator"} | {s.role for s in services if s.target is None}
+        needed |= {"worker" for h in self.hooks.values() if f"hook-{h}" not in urls}
+        if missing := sorted(needed - set(urls)):
+            raise ConfigError(f"no Redis URL for role {', '.join(missing)}")
+
+    def url_of(self, service: Service) -> str:
+        """The Redis URL ``service`` connects with: its hook's own user, else its role's."""
+        hook = self.hooks.get(service.name)
+        if hook is not None and f"hook-{hook}" in self.urls:
+            return self.urls[f"hook-{hook}"]
+        return self.urls[service.role]
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -148,7 +161,7 @@ class Stack:
         name = name or service.name
         env = {
             **self.env,
-            "HOOKBUS_REDIS_URL": self.urls[service.role],
+            "HOOKBUS_REDIS_URL": self.url_of(service),
             "OTEL_SERVICE_NAME": f"hookbus-{service.name}",
         }
         path = self.log_dir / f"{name}.log" if log else None

@@ -1,15 +1,21 @@
 #!/usr/bin/env node
 // Command-line use of hookbus.mjs. Every result is one JSON line on stdout.
 //
-//   node cli.mjs [--url URL] [--prefix P] [--session S] [--timeout-ms N] COMMAND [ARGS]
+//   node cli.mjs [--url URL] [--prefix P] [--tenant T] [--partitions N] [--session S]
+//                [--timeout-ms N] COMMAND [ARGS]
 //
 //   scenario            (default) emit-all, then ask for a PreToolUse and a PermissionRequest decision
-//   emit-all            publish the 12 lifecycle events, each with a valid context, to {p}:events
+//   emit-all            publish the 12 lifecycle events, each with a valid context: to the
+//                       session's {p}:events partition (trusted), or as decision requests
+//                       through the coordinator service (--tenant)
 //   vector FILE...      ask for a decision on each conformance vector's event and context
 //   decide EVENT JSON   ask for one decision; the context JSON is sent exactly as given
+//   cancel [SESSION]    cancel a session of this agent's own (default: --session)
 //
-// Defaults: --url $HOOKBUS_REDIS_URL or redis://127.0.0.1:6379/0, --prefix $HOOKBUS_PREFIX or
-// hookbus. Exit status: 0 done, 1 a request got no reply (or Redis failed), 2 bad usage.
+// Defaults: --url $HOOKBUS_REDIS_URL or redis://127.0.0.1:6379/0 (redis+cluster://HOST:PORT for
+// a Redis Cluster), --prefix $HOOKBUS_PREFIX or hookbus, --tenant $HOOKBUS_TENANT (none: a
+// trusted agent), --partitions $HOOKBUS_PARTITIONS or 1 (trusted agents only).
+// Exit status: 0 done, 1 a request got no reply (or Redis failed), 2 bad usage.
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
 import { EVENTS, HookBus } from './hookbus.mjs';
@@ -52,6 +58,8 @@ function parseArgs(argv) {
   const opts = {
     url: process.env.HOOKBUS_REDIS_URL ?? 'redis://127.0.0.1:6379/0',
     prefix: process.env.HOOKBUS_PREFIX ?? 'hookbus',
+    tenant: process.env.HOOKBUS_TENANT ?? '',
+    partitions: Number.parseInt(process.env.HOOKBUS_PARTITIONS ?? '1', 10),
     session: `node-${process.pid}`,
     timeoutMs: 10_000,
     rest: [],
@@ -64,6 +72,8 @@ function parseArgs(argv) {
     };
     if (arg === '--url') opts.url = value();
     else if (arg === '--prefix') opts.prefix = value();
+    else if (arg === '--tenant') opts.tenant = value();
+    else if (arg === '--partitions') opts.partitions = Number.parseInt(value(), 10);
     else if (arg === '--session') opts.session = value();
     else if (arg === '--timeout-ms') opts.timeoutMs = Number.parseInt(value(), 10);
     else if (arg === '-h' || arg === '--help') opts.help = true;
@@ -77,8 +87,8 @@ const print = (obj) => process.stdout.write(`${JSON.stringify(obj)}\n`);
 async function emitAll(bus, session) {
   const contexts = exampleContexts(session);
   for (const event of EVENTS) {
-    const { id, entry } = await bus.emit(event, contexts[event]);
-    print({ kind: 'emitted', event, id, entry });
+    const { id, entry, reply } = await bus.emit(event, contexts[event]);
+    print({ kind: 'emitted', event, id, entry, ...(reply ? { reply } : {}) });
   }
 }
 
@@ -96,14 +106,24 @@ async function main() {
     return 2;
   }
   const [command = 'scenario', ...args] = opts.rest;
-  const known = ['scenario', 'emit-all', 'vector', 'decide'];
+  const known = ['scenario', 'emit-all', 'vector', 'decide', 'cancel'];
   if (opts.help || !known.includes(command) || (command === 'decide' && args.length !== 2)
-      || (command === 'vector' && args.length === 0)) {
-    console.error('usage: node cli.mjs [--url URL] [--prefix P] [--session S] [--timeout-ms N] '
-      + '[scenario | emit-all | vector FILE... | decide EVENT CONTEXT_JSON]');
+      || (command === 'vector' && args.length === 0) || (command === 'cancel' && args.length > 1)) {
+    console.error('usage: node cli.mjs [--url URL] [--prefix P] [--tenant T] [--partitions N] '
+      + '[--session S] [--timeout-ms N] '
+      + '[scenario | emit-all | vector FILE... | decide EVENT CONTEXT_JSON | cancel [SESSION]]');
     return opts.help ? 0 : 2;
   }
-  const bus = await HookBus.connect(opts.url, { prefix: opts.prefix, source: 'node-example' });
+  let bus;
+  try {
+    bus = new HookBus(opts.url, {
+      prefix: opts.prefix, source: 'node-example', tenant: opts.tenant, partitions: opts.partitions,
+    });
+  } catch (e) { // a bad prefix, tenant or number of partitions
+    console.error(e.message);
+    return 2;
+  }
+  await bus.connect();
   try {
     if (command === 'scenario' || command === 'emit-all') await emitAll(bus, opts.session);
     if (command === 'scenario') {
@@ -123,6 +143,10 @@ async function main() {
       }
     }
     if (command === 'decide') await decide(bus, args[0], JSON.parse(args[1]), opts.timeoutMs);
+    if (command === 'cancel') {
+      const session = args[0] ?? opts.session;
+      print({ kind: 'cancelled', session, reply: await bus.cancel(session, { timeoutMs: opts.timeoutMs }) });
+    }
   } finally {
     await bus.close();
   }

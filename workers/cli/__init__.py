@@ -5,8 +5,8 @@ stack as local processes (``up``).
 
 One module per command group: ``serve`` (demo, worker, coordinator, up), ``operate`` (hooks,
 lag, events, dlq, metrics, replay, cancel, breakglass, audit), ``check`` (health checks),
-``schema``; ``common`` holds what they share. The command line belongs to the services' side:
-``bus`` (the core) never imports it.
+``schema``, ``deploy`` (acl); ``common`` holds what they share. The command line belongs to the
+services' side: ``bus`` (the core) never imports it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
-from workers.cli import check, operate, schema, serve
+from workers.cli import check, deploy, operate, schema, serve
 from workers.cli.common import redis_url
 
 __all__ = ["build_parser", "main"]
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.register(sub)
     schema.register(sub)
     operate.register(sub)
+    deploy.register(sub)
     _verbose_everywhere(sub)
     return parser
 

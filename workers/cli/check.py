@@ -40,16 +40,22 @@ async def hook_status(
     redis: Redis, keys: Keys, settings: BusSettings, hook: str, host: str | None = None
 ) -> tuple[bool, str]:
     """Whether ``hook`` has a live replica (on ``host`` only, if given), and a line saying so."""
+    from bus.clock import redis_ms
     from bus.protocol import now_ms
-    from workers.operator import list_hooks
+    from workers.operator import replica_summary
 
-    hooks = await list_hooks(redis, keys, settings.liveness_secs, modes=False)
-    rows = [r for r in hooks if r.name == hook]
-    if not rows:
+    # Only this hook's own keys: a hook service's Redis user reaches no other hook's
+    # (workers/acl.py), and needs none to tell whether it is up.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.sismember(keys.hooks, hook)
+        pipe.get(keys.manifest(hook))
+        registered, manifest = await pipe.execute()
+    if not registered or not manifest:
         return False, f"hook {hook} is not registered in {keys.hooks}"
     live_ms = settings.liveness_secs * 1000
     if host is None:
-        live, total, last = rows[0].live, rows[0].replicas, rows[0].last_heartbeat_secs
+        now = await redis_ms(redis)
+        live, total, last, _ = await replica_summary(redis, keys, hook, settings.liveness_secs, now)
     else:
         beats: Any = await redis.zrange(keys.replicas(hook), 0, -1, withscores=True)
         now = now_ms()

@@ -1,5 +1,6 @@
 """The commands that look at and steer a running bus: ``hooks``, ``lag``, ``events tail``,
-``dlq``, ``metrics``, ``replay``, ``cancel``, ``breakglass`` and ``audit``. The Redis side of each
+``dlq``, ``metrics``, ``replay``, ``cancel``, ``breakglass``, ``audit``, ``tenants`` and
+``repair``. The Redis side of each
 is in workers/operator.py (and workers/replay.py); these are thin wrappers that print."""
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def _hooks_remove(args: argparse.Namespace) -> int:
             )
             return 1
         if done.group_destroyed:
-            print(f"its consumer group on {keys.events} is destroyed: retention moves on")
+            print("its consumer group on the events stream is destroyed: retention moves on")
         return 0
 
     return with_redis(args, work)
@@ -352,6 +353,62 @@ def _dlq_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenants(args: argparse.Namespace) -> int:
+    """Which tenants (untrusted agents, each with its own Redis user) the coordinator answers."""
+    from workers.operator import add_tenant, list_tenants, remove_tenant
+
+    if args.action != "list" and not args.name:
+        raise UsageError(f"tenants {args.action} needs the tenant's NAME")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        if args.action == "list":
+            names = await list_tenants(redis, keys)
+            print("\n".join(names) if names else f"no tenants in {keys.tenants}")
+        elif args.action == "add":
+            added = await add_tenant(redis, keys, args.name, args.by)
+            print(
+                f"tenant {args.name} "
+                + ("added" if added else "was already served")
+                + f": the coordinator service answers {keys.tenant_decisions(args.name)} "
+                f"(its Redis user: tenant-{args.name}, from hookbus acl --tenants)"
+            )
+        else:
+            removed = await remove_tenant(redis, keys, args.name, args.by)
+            print(
+                f"tenant {args.name} removed: its requests are no longer answered"
+                if removed
+                else f"tenant {args.name} was not served"
+            )
+
+    with_redis(args, work)
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Repair a stream poisoned with ids beyond Redis's clock (docs/security.md)."""
+    from workers.operator import repair_stream
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
+        stream = keys.tenant_decisions(args.tenant) if args.tenant else args.stream
+        if not stream:
+            raise UsageError("name the STREAM to repair, or --tenant NAME")
+        slack = int(args.slack * 1000)
+        done = await repair_stream(redis, keys, stream, args.by, slack_ms=slack)
+        if not done.poisoned:
+            print(f"{stream} is not poisoned: its last id {done.last_id} is within Redis's clock")
+            return
+        print(
+            f"repaired {stream}: last id {done.last_id} set back to {done.new_last_id}; "
+            f"{len(done.removed)} entries beyond Redis's clock dead-lettered and deleted"
+        )
+        for group, was in done.groups_reset:
+            print(f"  group {group} moved back from {was} to {done.new_last_id}")
+        print(f"  recorded in {keys.audit}; the entries taken out: hookbus dlq list")
+
+    with_redis(args, work)
+    return 0
+
+
 def _metrics(args: argparse.Namespace) -> int:
     from workers.operator import collect_metrics, make_console, render_metrics
 
@@ -471,6 +528,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dlq_purge.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
     dlq_purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     dlq_purge.set_defaults(func=_dlq_purge)
+
+    tenants = add_redis_options(
+        sub.add_parser(
+            "tenants",
+            help="the untrusted tenants the coordinator service answers (add, remove, list)",
+        )
+    )
+    tenants.add_argument("action", choices=["add", "remove", "list"])
+    tenants.add_argument("name", nargs="?", help="the tenant (letters, digits, '_', '-')")
+    tenants.add_argument("--by", default=who, help=f"who (goes to the audit trail; {who})")
+    tenants.set_defaults(func=_tenants)
+
+    repair = add_redis_options(
+        sub.add_parser(
+            "repair",
+            help="repair a stream poisoned with ids beyond Redis's clock (a maximal id)",
+            description=(
+                "Entries whose ids are beyond Redis's clock (+ --slack) are dead-lettered and "
+                "deleted, the stream's last id and every group beyond it are set back, so that "
+                "XADD works again; consumer groups and every other entry stay. Recorded in the "
+                "audit trail."
+            ),
+        )
+    )
+    repair.add_argument("stream", nargs="?", help="the stream's key")
+    repair.add_argument("--tenant", help="the decisions stream of this tenant")
+    repair.add_argument(
+        "--slack", type=duration, default=60.0, metavar="DURATION",
+        help="ids up to this far beyond Redis's clock are kept (60s)",
+    )  # fmt: skip
+    repair.add_argument("--by", default=who, help=f"who (goes to the audit trail; {who})")
+    repair.set_defaults(func=_repair)
 
     metrics = add_redis_options(
         sub.add_parser("metrics", help="figures collected by metrics hooks")

@@ -1,4 +1,4 @@
-"""The commands that run the bus: ``demo``, ``worker``, ``coordinator`` and ``up``."""
+"""The commands that run the bus: ``demo``, ``worker``, ``coordinator``, ``gateway`` and ``up``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,342 @@
+"""The attacks that need a running bus, against real processes under their own users: the
+coordinator service (``coordinator``), the hook services ``Guard`` (blocks ``rm``) and
+``CancellationHook`` (each as ``hook-NAME``), tenants ``acme`` (the attacker) and ``beta`` (the
+victim) added by the operator's command line. Each attacker holds only its own credential.
+
+* A tenant's request naming the victim's session id cancels or reaches only the tenant's own
+  (the coordinator service qualifies sessions ``TENANT/SID`` from the stream a request arrived
+  on), and it cannot have its replies sent to the victim's inbox.
+* A cancellation is never lifted: not by the victim's own OnSessionStop, not by another tenant,
+  not by a trusted agent forging an OnSessionStop to the CancellationHook.
+* A maximal id on a tenant's own stream stops only that tenant; ``hookbus repair`` (operator)
+  brings it back.
+* A hook service answering in another hook's name is dropped and counted (``forged_replies``).
+* A tenant the operator removes is no longer answered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from bus import CONTINUE, Block, HookEvent
+from bus.events import PreToolUseContext, SessionStopContext
+from bus.protocol import (
+    CancelRequest,
+    ControlMessage,
+    DecisionRequest,
+    HookManifest,
+    HookReply,
+    HookRequest,
+    decode,
+    encode,
+    new_id,
+    now_ms,
+    raw,
+)
+from tests.harness import ROOT, Processes, until, worker_env
+from tests.remote_hooks import HookConfig
+from tests.security.conftest import KEYS, AclServer, Attacker
+
+PRE, STOP = HookEvent.PRE_TOOL_USE, HookEvent.ON_SESSION_STOP
+MAX_ID = "18446744073709551615-18446744073709551615"
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
+
+
+class Tenant:
+    """An untrusted agent of one tenant, holding only ``tenant-NAME``: it XADDs to its own
+    decisions stream and BLPOPs its own inbox, as the Node client and the redis-cli example do."""
+
+    def __init__(self, acl: AclServer, name: str) -> None:
+        self.name = name
+        self.redis = acl.client(f"tenant-{name}")
+        self.stream = KEYS.tenant_decisions(name)
+
+    def send(self, message: Any, reply_to: str, wait: float = 20) -> dict[str, Any] | None:
+        self.redis.xadd(self.stream, {"data": encode(message)})
+        if not reply_to.startswith(KEYS.tenant_inbox(self.name, "")):
+            return None  # not ours to read
+        popped = self.redis.blpop([reply_to], wait)
+        return None if popped is None else dict(json.loads(popped[1]))
+
+    def ask(self, event: HookEvent, ctx: Any, reply_to: str = "", wait: float = 20) -> Any:
+        inbox = reply_to or KEYS.tenant_inbox(self.name, new_id())
+        request = DecisionRequest(
+            id=new_id(), ts=now_ms(), event=event, context=raw(ctx), reply_to=inbox,
+            timeout_ms=15_000,
+        )  # fmt: skip
+        return self.send(request, inbox, wait)
+
+    def tool(self, session: str, tool: str) -> str:
+        """The decision on a tool call of ``session``: Block or Continue."""
+        reply = self.ask(PRE, PreToolUseContext(session_id=session, tool_name=tool))
+        assert reply is not None and reply["status"] == "ok", reply
+        return str(reply["result"]["action"]["type"])
+
+    def cancel(self, session: str) -> Any:
+        inbox = KEYS.tenant_inbox(self.name, new_id())
+        request = CancelRequest(id=new_id(), ts=now_ms(), op="cancel", session_id=session,
+                                reply_to=inbox)  # fmt: skip
+        reply = self.send(request, inbox)
+        assert reply is not None and reply["status"] == "ok", reply
+        return reply["result"]
+
+    def stop_session(self, session: str) -> None:
+        reply = self.ask(STOP, SessionStopContext(session_id=session))
+        assert reply is not None and reply["status"] == "ok", reply
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+def hookbus(acl: AclServer, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = worker_env(acl.settings(user), COLUMNS="250", NO_COLOR="1")
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args], env=env, cwd=ROOT, capture_output=True,
+        text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def operator(acl: AclServer, *args: str) -> str:
+    result = hookbus(acl, "operator", *args)
+    assert result.returncode == 0, (args, result.stdout, result.stderr)
+    return result.stdout
+
+
+@dataclass
+class Bus:
+    acl: AclServer
+    procs: Processes
+    coordinator: subprocess.Popen[bytes]
+    acme: Tenant
+    beta: Tenant
+
+    def coordinator_log(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.procs.logdir.glob("coordinator-*.log")))
+
+    def stop_coordinator(self) -> str:
+        """SIGTERM it; its log, which ends with its counters."""
+        self.coordinator.send_signal(signal.SIGTERM)
+        assert self.coordinator.wait(60) == 0
+        return self.coordinator_log()
+
+
+@pytest.fixture
+def bus(acl: AclServer, procs: Processes) -> Iterator[Bus]:
+    guard = HookConfig(
+        name="Guard", events=[PRE], answers={"PreToolUse": Block(reason="no rm")}, names=["rm"]
+    )
+    procs.scripted(acl.settings("hook-Guard"), guard)
+    procs.worker(
+        acl.settings("hook-CancellationHook"),
+        "workers.cancellation:RedisCancellationHook",
+        "cancellation",
+    )
+    operator(acl, "tenants", "add", "acme")
+    operator(acl, "tenants", "add", "beta")
+    coordinator = procs.start(
+        ["coordinator"], worker_env(acl.settings("coordinator")), "coordinator"
+    )
+    acme, beta = Tenant(acl, "acme"), Tenant(acl, "beta")
+    try:
+        # Ready: both hooks answer through the coordinator, for both tenants.
+        for tenant in (acme, beta):
+            until(lambda t=tenant: t.tool("s0", "rm") == "Block", f"{tenant.name} answered", 60,  # type: ignore[misc]
+                  procs.logs)  # fmt: skip
+        until(lambda: acl.admin.exists(KEYS.manifest("CancellationHook")), "CancellationHook")
+        yield Bus(acl, procs, coordinator, acme, beta)
+    finally:
+        acme.close()
+        beta.close()
+    assert not acl.denied(), acl.denied()  # no role was refused anything it needs
+
+
+def test_a_tenant_naming_another_tenants_session_cancels_only_its_own(bus: Bus) -> None:
+    acme, beta, admin = bus.acme, bus.beta, bus.acl.admin
+    assert beta.tool("s1", "ls") == "Continue"
+    # acme cancels "s1" and "beta/s1": each becomes a session of acme's own.
+    assert acme.cancel("s1") == {"cancelled": "acme/s1"}
+    assert acme.cancel("beta/s1") == {"cancelled": "acme/beta/s1"}
+    assert admin.exists(KEYS.cancelled("beta/s1")) == 0
+    assert beta.tool("s1", "ls") == "Continue"  # the victim is untouched
+    assert acme.tool("s1", "ls") == "Block"  # acme's own cancellation holds for acme
+    # beta can cancel its own.
+    assert beta.cancel("s1") == {"cancelled": "beta/s1"}
+    assert beta.tool("s1", "ls") == "Block"
+
+
+def test_a_tenant_cannot_have_its_replies_sent_to_another_tenants_inbox(bus: Bus) -> None:
+    """reply_to must be under the asker's own inboxes: a request naming beta's inbox is not
+    answered there (nor is any key it names at will); it is dead-lettered, with why."""
+    acme, admin = bus.acme, bus.acl.admin
+    targets = [KEYS.tenant_inbox("beta", "c1"), KEYS.inbox("c1"), KEYS.cancelled("beta/s1")]
+    for target in targets:
+        acme.ask(PRE, PreToolUseContext(session_id="s1", tool_name="ls"), reply_to=target)
+        cancel = CancelRequest(id=new_id(), ts=now_ms(), op="cancel", session_id="s1",
+                               reply_to=target)  # fmt: skip
+        acme.send(cancel, target)
+
+    def letters() -> list[dict[bytes, bytes]]:
+        return [f for _, f in admin.xrange(KEYS.dlq) if f[b"source"] == acme.stream.encode()]
+
+    until(lambda: len(letters()) == 2 * len(targets), "the requests dead-lettered", 30)
+    assert all(b"reply_to must be a key under" in f[b"reason"] for f in letters())
+    for target in targets:
+        assert admin.exists(target) == 0
+    assert admin.exists(KEYS.cancelled("acme/s1")) == 0  # the cancel was not carried out either
+
+
+def test_no_agent_lifts_a_cancellation_not_even_its_own_session_stop(
+    bus: Bus, attacker: Any
+) -> None:
+    acme, beta, admin = bus.acme, bus.beta, bus.acl.admin
+    operator(bus.acl, "cancel", "beta/s1")
+    assert beta.tool("s1", "ls") == "Block"
+    # The victim's own OnSessionStop, and acme's, through the coordinator service.
+    beta.stop_session("s1")
+    acme.stop_session("s1")
+    acme.stop_session("beta/s1")
+    # A trusted agent's credential forges an OnSessionStop straight to the CancellationHook
+    # (it may XADD hook requests: it embeds a coordinator), and waits for the hook's answer.
+    agent: Attacker = attacker("agent")
+    inbox = KEYS.inbox(new_id())
+    forged = HookRequest(
+        id=new_id(), ts=now_ms(), hook="CancellationHook", event=STOP, session_id="beta/s1",
+        context=raw(SessionStopContext(session_id="beta/s1")), deadline=now_ms() + 10_000,
+        reply_to=inbox,
+    )  # fmt: skip
+    agent.redis.xadd(KEYS.requests("CancellationHook"), {"data": encode(forged)})
+    assert agent.redis.blpop([inbox], 20) is not None  # handled: the hook answered it
+    # And the agent credential's own ways to lift it are refused.
+    for command in (("DEL", KEYS.cancelled("beta/s1")), ("EXPIRE", KEYS.cancelled("beta/s1"), 1),
+                    ("SREM", KEYS.cancelled("beta/s1"), "operator")):  # fmt: skip
+        agent.refused(*command)
+    # Still cancelled, with its TTL.
+    assert beta.tool("s1", "ls") == "Block"
+    assert admin.smembers(KEYS.cancelled("beta/s1")) == {b"operator"}
+    assert admin.ttl(KEYS.cancelled("beta/s1")) > 0
+    bus.acl.admin.acl_log_reset()  # (those refusals were the point)
+
+
+def test_a_maximal_id_on_a_tenants_own_stream_stops_only_that_tenant_and_repair_fixes_it(
+    bus: Bus,
+) -> None:
+    acme, beta, admin = bus.acme, bus.beta, bus.acl.admin
+    acme.redis.xadd(acme.stream, {"data": "x"}, id=MAX_ID)
+    with pytest.raises(redis.exceptions.ResponseError, match="exhausted"):
+        acme.tool("s1", "rm")
+    # Every other tenant is answered as before, and the service stays up.
+    assert beta.tool("s1", "rm") == "Block"
+    assert beta.tool("s1", "ls") == "Continue"
+    assert bus.coordinator.poll() is None
+    # The operator repairs acme's stream: acme is answered again.
+    out = operator(bus.acl, "repair", "--tenant", "acme")
+    assert f"repaired {acme.stream}: last id {MAX_ID}" in out
+    assert "group coordinators moved back" in out
+    assert acme.tool("s1", "rm") == "Block"
+    assert acme.tool("s1", "ls") == "Continue"
+    assert "repair" in operator(bus.acl, "audit", "list")
+    letters = [f for _, f in admin.xrange(KEYS.dlq) if f.get(b"entry_id") == MAX_ID.encode()]
+    repaired = [f for f in letters if f[b"reason"].startswith(b"repair: its id")]
+    assert len(repaired) == 1 and repaired[0][b"data"] == b"x"
+
+
+def test_a_hook_answering_in_another_hooks_name_is_dropped_and_counted(
+    bus: Bus, attacker: Any
+) -> None:
+    """hook-Rogue registers a hook of its own (all its credential allows), gets asked, and
+    answers in Guard's name (Continue, to lift Guard's Block); it cannot read Guard's requests
+    to learn their ids. The coordinator drops the forged reply and counts it."""
+    rogue: Attacker = attacker("hook-Rogue")
+    r = rogue.redis
+    manifest = HookManifest(name="Rogue", events=[PRE], timeout=10.0, registered_at=now_ms())
+    r.set(KEYS.manifest("Rogue"), encode(manifest))
+    r.sadd(KEYS.hooks, "Rogue")
+    r.xgroup_create(KEYS.requests("Rogue"), "workers", id="0", mkstream=True)
+    r.zadd(KEYS.replicas("Rogue"), {f"{socket.gethostname()}-1-abcd": now_ms() + 600_000})
+    r.publish(KEYS.control, encode(ControlMessage(type="manifest", name="Rogue")))
+    decisions: list[str] = []
+
+    def asked() -> HookRequest | None:
+        """Ask (acme, rm) in the background until the coordinator asks Rogue too."""
+        thread = threading.Thread(target=lambda: decisions.append(bus.acme.tool("s1", "rm")))
+        thread.start()
+        got = r.xreadgroup("workers", "rogue", {KEYS.requests("Rogue"): ">"}, count=1, block=5000)
+        if not got:
+            thread.join(30)
+            return None
+        asked.thread = thread  # type: ignore[attr-defined]
+        return decode(got[0][1][0][1][b"data"], HookRequest)
+
+    request = until(asked, "the coordinator asking Rogue", 60, bus.coordinator_log)
+    rogue.refused("XREADGROUP", "GROUP", "workers", "rogue", "STREAMS", KEYS.requests("Guard"), ">")
+    reply = HookReply(
+        id=new_id(), ts=now_ms(), request_id=request.id, hook="Guard", action=CONTINUE
+    )
+    r.rpush(request.reply_to, encode(reply))  # forged: Guard was not asked this
+    guessed = HookReply(
+        id=new_id(), ts=now_ms(), request_id=new_id(), hook="Guard", action=CONTINUE
+    )
+    r.rpush(request.reply_to, encode(guessed))  # a request id it guessed: no such request
+    own = HookReply(id=new_id(), ts=now_ms(), request_id=request.id, hook="Rogue", action=CONTINUE)
+    r.rpush(request.reply_to, encode(own))
+    asked.thread.join(30)  # type: ignore[attr-defined]
+    assert decisions[-1] == "Block"  # Guard's own answer stands
+    log = bus.stop_coordinator()
+    assert "dropped a reply from hook 'Guard' to a request for hook 'Rogue'" in log
+    (stats,) = re.findall(r"dispatch: (\{.*\})", log)
+    counted = json.loads(stats.replace("'", '"'))
+    assert counted["forged_replies"] == 1
+    assert counted["late_replies"] >= 1
+    bus.acl.admin.acl_log_reset()  # (the refusal above was the point)
+
+
+def test_a_tenant_the_operator_removes_is_no_longer_answered(bus: Bus) -> None:
+    acme, beta, admin = bus.acme, bus.beta, bus.acl.admin
+    assert "removed" in operator(bus.acl, "tenants", "remove", "acme")
+    until(lambda: "tenant acme removed" in bus.coordinator_log(), "the coordinator to drop acme")
+    inbox = KEYS.tenant_inbox("acme", new_id())
+    ctx = raw(PreToolUseContext(session_id="s1", tool_name="rm"))
+    request = DecisionRequest(id=new_id(), ts=now_ms(), event=PRE, reply_to=inbox, context=ctx)
+    acme.redis.xadd(acme.stream, {"data": encode(request)})
+    assert beta.tool("s1", "rm") == "Block"  # the service answers, but not acme
+    (group,) = admin.xinfo_groups(acme.stream)
+    assert group["lag"] == 1 and group["pending"] == 0
+    assert admin.exists(inbox) == 0
+    # Added again: answered, the waiting request included.
+    operator(bus.acl, "tenants", "add", "acme")
+    assert acme.redis.blpop([inbox], 20) is not None
+
+
+def test_the_http_gateway_runs_as_the_coordinator_and_qualifies_a_tenants_sessions(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Through the HTTP gateway an untrusted agent holds a bearer token only; the gateway holds
+    the coordinator's credential (and needs nothing more: ACL LOG stays empty). A request
+    naming beta's cancelled session is acme's own session, untouched by beta's cancellation."""
+    from tests.test_gateway import post, start_gateway
+
+    operator(bus.acl, "cancel", "beta/s1")
+    gateway = start_gateway(bus.procs, bus.acl.settings("coordinator"), tmp_path, tenant="acme")
+
+    def decide(session: str, tool: str) -> str:
+        body = {"event": "PreToolUse", "context": {"session_id": session, "tool_name": tool}}
+        status, reply, _ = post(gateway.port, "/v1/decisions", body, gateway.token)
+        assert status == 200, reply
+        return str(reply["result"]["action"]["type"])
+
+    assert decide("s1", "rm") == "Block"  # Guard answers through the gateway
+    assert decide("beta/s1", "ls") == "Continue"  # acme's "beta/s1", not beta's s1
+    assert bus.beta.tool("s1", "ls") == "Block"  # beta's own session is still cancelled
