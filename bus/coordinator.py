@@ -49,6 +49,7 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
+from bus.redis_io import close as close_client
 from bus.redis_io import connect, dead_letter, xadd_batch
 from bus.registry import local_target
 from bus.retention import hard_cap
@@ -158,7 +159,7 @@ class Coordinator(EventRunner):
         _, late = await asyncio.wait(self._tasks, timeout=3)
         for task in late:
             task.cancel()
-        await self.redis.aclose()
+        await close_client(self.redis)
 
     async def __aenter__(self) -> Coordinator:
         return await self.start()
@@ -391,7 +392,7 @@ class Coordinator(EventRunner):
         self._waiting[request.id] = future
         self._asked[request.id] = hook
         future.add_done_callback(lambda _: self._forget(request.id))
-        stream = self.keys.requests(hook, self.directory.shard(hook, request.session_id))
+        stream = self.directory.requests(hook, request.session_id)
         self._enqueue(stream, payload, self.bus.requests_maxlen, request.id, False)
         return future
 

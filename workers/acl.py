@@ -6,7 +6,7 @@ deploy/redis/start.sh adds them, from ``HOOKBUS_<USER>_PASSWORD`` or secret file
 * the shared roles — ``coordinator`` (the coordinator service), ``agent`` (trusted agents that
   embed ``HookClient``), ``operator`` (people and monitors);
 * one user ``hook-NAME`` per hook service, whose keys are only the hook's own
-  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k}:*``, key layout 2 of bus/keys.py),
+  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 2 of bus/keys.py),
   plus what every hook needs to answer (RPUSH into ``{p}:inbox:*``), register (SADD its name to
   ``{p}:hooks``), dead-letter (XADD ``{p}:dlq``) and announce itself on ``{p}:control``;
 * one user ``tenant-NAME`` per untrusted tenant: XADD to ``{p}:t:{NAME}:decisions`` and

@@ -110,7 +110,7 @@ class HookWorker:
             raise ConfigError(f"shard {shard} of {shards}: shards must be 1-{MAX_SHARDS}")
         self.shards = shards
         self.owns_hook = owns_hook  # the lane that closes the hook when the service stops
-        self.stream = self.keys.requests(self.spec.name, shard)
+        self.stream = self.keys.requests(self.spec.name, shard, shards)
         self.scope = scope
         lane = f"#{shard}" if shards > 1 else ""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
