@@ -142,3 +142,22 @@ def test_the_readme_command_prints_the_streams_the_triggers_name() -> None:
         if ":events:" in t["metadata"]["stream"] or ":decisions:" in t["metadata"]["stream"]
     }
     assert sorted(out) == sorted(streams)
+
+
+def test_every_secret_of_the_overlay_names_the_cluster_and_keeps_each_hooks_own_user() -> None:
+    """Each Secret's URLs are redis+cluster:// ones, and each hook service keeps its own Redis
+    user (hook-NAME), as in the base."""
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, check=True
+    )
+    secrets = [d for d in yaml.safe_load_all(built.stdout) if d and d["kind"] == "Secret"]
+    urls = {
+        (s["metadata"]["name"], k): v
+        for s in secrets
+        for k, v in s.get("stringData", {}).items()
+        if k.endswith("-url")
+    }
+    assert urls and all(v.startswith("redis+cluster://") for v in urls.values()), urls
+    hooks = {n: v for (n, k), v in urls.items() if n.startswith("hookbus-hook-")}
+    assert len(hooks) == 4 and all("://hook-" in v for v in hooks.values()), hooks
+    assert not any("://worker:" in v for v in urls.values())
