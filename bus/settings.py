@@ -11,8 +11,8 @@ about a dozen numbers; and the secrets files of a deployment are read where they
 
 Secrets from files, the Docker convention: every variable ``X`` read here may instead be given
 as ``X_FILE``, the path of a file holding its value (``HOOKBUS_REDIS_PASSWORD_FILE=/run/secrets/
-hookbus_worker_password``; one trailing newline is dropped). ``HOOKBUS_REDIS_PASSWORD`` is put
-into the Redis URL, so that no password needs to be written in one.
+hookbus_hook-SecretGuard_password``; one trailing newline is dropped). ``HOOKBUS_REDIS_PASSWORD``
+is put into the Redis URL, so that no password needs to be written in one.
 """
 
 from __future__ import annotations

@@ -444,9 +444,10 @@ def password_var(user: str) -> str:
 class AclRedis:
     """redis-server started by deploy/redis/start.sh from users.acl, plus an ``admin`` user of
     the test's own (to read ACL LOG), and a user for each of ``hooks`` (MODULE:CLASS or NAME,
-    as ``hookbus acl --hooks`` takes them) the stack does not run."""
+    as ``hookbus acl --hooks`` takes them) the stack does not run. ``acl``: another file
+    ``hookbus acl`` generated, in place of users.acl. Each user's password: ``password(user)``."""
 
-    def __init__(self, tmp: Path, hooks: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, hooks: tuple[str, ...] = (), acl: Path | None = None) -> None:
         from workers.acl import hook_user_of, users
 
         extra = [
@@ -455,18 +456,17 @@ class AclRedis:
             if user.startswith("hook-")
         ]
         lines = "".join(f"user {user} {rules}\n" for user, rules in extra)
+        base = (acl or REDIS_DIR / "users.acl").read_text()
         template = tmp / "users.acl"
-        template.write_text(
-            (REDIS_DIR / "users.acl").read_text() + lines + "user admin on ~* &* +@all\n"
-        )
+        template.write_text(base + lines + "user admin on ~* &* +@all\n")
+        self.users = [u for u in re.findall(r"^user (\S+) ", base + lines, re.M) if u != "default"]
         self.port = free_port()
         env = {
             **os.environ,
             "HOOKBUS_ACL_TEMPLATE": str(template),
             "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
             "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
-            **{password_var(u): p for u, p in PASSWORDS.items()},
-            **{password_var(u): password(u) for u, _ in extra},
+            **{password_var(u): password(u) for u in self.users},
             "HOOKBUS_ADMIN_PASSWORD": ADMIN,
         }
         self.log = tmp / "redis.log"

@@ -9,10 +9,11 @@ and the files they use — the Dockerfile, compose.yaml, the Kubernetes manifest
 against the Compose and Kubernetes schemas and against HookBus's own deployment files. Then the
 service is started the way section 6 deploys it, without Docker: the image's command (the
 Dockerfile's CMD after the entrypoint ``hookbus``) in a directory laid out as the image's /app,
-with the Compose service's environment (the worker user, its password from a secret file, the
-health port) against a Redis with HookBus's ACL users, checked by the Compose health check and
-asked by an agent; and once more with the Kubernetes Deployment's args, ConfigMap and Secret,
-probed on the paths its probes ask.
+with the Compose service's environment (its own Redis user hook-NoSecrets, its password from a
+secret file, the health port) against a Redis started by deploy/redis/start.sh from the ACL file
+the guide generates (HookBus's users and hook-NoSecrets), checked by the Compose health check and
+asked by an agent; and once more with the Kubernetes Deployment's args, ConfigMap and its own
+Secret's URL, probed on the paths its probes ask. Redis's ACL LOG stays empty.
 
 The guide uses Redis's usual port, 6379; the test puts a free port in its place.
 """
@@ -43,10 +44,12 @@ from tests.harness import ROOT, until
 from tests.test_deploy import (
     COMPOSE,
     K8S,
-    PASSWORDS,
+    REDIS_DIR,
     SCHEMAS,
     AclRedis,
     check_jsonschema,
+    password,
+    password_var,
     validate_manifest,
 )
 from workers.cli import build_parser
@@ -215,6 +218,7 @@ def test_the_guide_runs_top_to_bottom_and_deploys_the_authors_hook(
     assert "NoSecrets" in transcript and "Block(reason='.env holds secrets" in transcript
 
     check_skipped_blocks(skipped)
+    check_acl(project)
     check_deployment_files(project)
     run_as_deployed(project, tmp_path)
 
@@ -238,7 +242,27 @@ def check_skipped_blocks(skipped: list[Block]) -> None:
                 path = Path(word.replace("/path/to/hookbus", str(ROOT)))
                 assert path.exists(), word
     assert "-f /path/to/acme-hooks/compose.yaml" in text
+    assert "cp /path/to/acme-hooks/users.acl deploy/redis/users.acl" in text
+    assert f"{password_var(USER)}=" in text
     assert "kubectl apply -f k8s/no-secrets.yaml" in text
+
+
+USER = "hook-NoSecrets"  # the hook service's own Redis user (workers/acl.py: hook-NAME)
+
+
+def acl_users(path: Path) -> dict[str, str]:
+    """User name -> its line, of an ACL file ``hookbus acl`` wrote."""
+    return {m[1]: m[0] for m in re.finditer(r"^user (\S+) .*$", path.read_text(), re.M)}
+
+
+def check_acl(project: Path) -> None:
+    """The ACL file the guide generated: HookBus's stack's users, unchanged, and hook-NoSecrets
+    with the rules of a sync hook (only its own keys)."""
+    from workers.acl import HookUser, hook_rules
+
+    mine, stack = acl_users(project / "users.acl"), acl_users(REDIS_DIR / "users.acl")
+    assert mine.pop(USER) == f"user {USER} {hook_rules(HookUser('NoSecrets'))}"
+    assert mine == stack
 
 
 def image_command(project: Path) -> tuple[str, list[tuple[str, str]], list[str]]:
@@ -262,39 +286,79 @@ def check_deployment_files(project: Path) -> None:
     assert build_parser().parse_args(cmd).hook == "acme_hooks.no_secrets:NoSecrets"
 
     # compose.yaml, added to HookBus's docker-compose.yml, is a valid Compose file, and its
-    # service is set up like HookBus's own workers.
+    # service is set up like HookBus's own hook services: its own user, its own secret (given to
+    # Redis too), the health port and check.
     stack = yaml.safe_load(COMPOSE.read_text())
     mine = yaml.safe_load((project / "compose.yaml").read_text())
-    services = (project / "compose.yaml").read_text().split("services:\n", 1)[1]
-    merged = COMPOSE.read_text().replace("\nservices:\n", "\nservices:\n" + services, 1)
+    merged = merge_compose(stack, mine)
     path = project / "merged-compose.yml"
-    path.write_text(merged)
+    path.write_text(yaml.safe_dump(merged))
     result = check_jsonschema(SCHEMAS / "compose-spec.json", path)
     assert result.returncode == 0, result.stdout + result.stderr
-    (service,) = mine["services"].values()
-    worker = stack["services"]["secret-guard"]
-    for key in ("HOOKBUS_REDIS_URL", "HOOKBUS_REDIS_PASSWORD_FILE", "HOOKBUS_HEALTH_PORT"):
-        assert service["environment"][key] == worker["environment"][key], key
-    assert service["secrets"] == worker["secrets"] and set(service["secrets"]) <= set(
-        stack["secrets"]
-    )
-    assert service["healthcheck"]["test"] == stack["x-health"]["test"]
+    assert set(mine["services"]) == {"redis", "no-secrets"}
+    assert set(mine["services"]["redis"]) == {"secrets"}  # it adds a secret, changes nothing
+    service, guard = mine["services"]["no-secrets"], stack["services"]["secret-guard"]
+    for svc, name in ((guard, "SecretGuard"), (service, "NoSecrets")):
+        user, secret = f"hook-{name}", f"hookbus_hook-{name}_password"
+        env = svc["environment"]
+        assert env["HOOKBUS_REDIS_URL"] == f"redis://{user}@redis:6379/0", name
+        assert env["HOOKBUS_REDIS_PASSWORD_FILE"] == f"/run/secrets/{secret}", name
+        assert svc["secrets"] == [secret], name
+        assert secret in merged["services"]["redis"]["secrets"], name
+        assert merged["secrets"][secret] == {"environment": password_var(user)}, name
+        assert env["HOOKBUS_HEALTH_PORT"] == stack["x-env"]["HOOKBUS_HEALTH_PORT"], name
+        assert svc["healthcheck"]["test"] == stack["x-health"]["test"], name
+    assert set(merged["services"]["redis"]["secrets"]) == set(merged["secrets"])
 
     # The Deployment validates, reads HookBus's ConfigMap and Secret, probes the health port.
-    (deployment,) = yaml.safe_load_all((project / "k8s" / "no-secrets.yaml").read_text())
+    secret, deployment = k8s_objects(project)
+    validate_manifest(secret)
     validate_manifest(deployment)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert build_parser().parse_args(container["args"]).hook == cmd[1]
     config = yaml.safe_load((K8S / "configmap.yaml").read_text())
-    secret = yaml.safe_load((K8S / "secret.yaml").read_text())
     assert container["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]
-    for var in container["env"]:
-        ref = var.get("valueFrom", {}).get("secretKeyRef")
-        if ref:
-            assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+    (url,) = secret["stringData"].values()
+    assert url.startswith(f"redis://{USER}:CHANGE-ME@"), url  # its own user, like HookBus's
+    (guard,) = [
+        d for d in yaml.safe_load_all((K8S / "secret.yaml").read_text())
+        if d["metadata"]["name"] == "hookbus-hook-secret-guard"
+    ]  # fmt: skip
+    assert guard["stringData"]["redis-url"].startswith("redis://hook-SecretGuard:CHANGE-ME@")
+    (ref,) = [v["valueFrom"]["secretKeyRef"] for v in container["env"] if "valueFrom" in v]
+    assert ref == {"name": secret["metadata"]["name"], "key": "redis-url"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["health"] == int(config["data"]["HOOKBUS_HEALTH_PORT"])
     assert yaml.safe_dump(deployment).count(cmd[1]) == 1  # the class, named once
+
+
+def merge_compose(stack: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
+    """``docker compose -f docker-compose.yml -f compose.yaml``'s model, for what the guide's
+    file holds: a new service, or a known one's lists (secrets) extended and mappings updated;
+    top-level secrets added."""
+    merged = {**stack, "services": dict(stack["services"]), "secrets": dict(stack["secrets"])}
+    for name, service in mine["services"].items():
+        if name not in merged["services"]:
+            merged["services"][name] = service
+            continue
+        known = dict(merged["services"][name])
+        for key, value in service.items():
+            if isinstance(value, list):
+                known[key] = list(dict.fromkeys([*known.get(key, []), *value]))
+            elif isinstance(value, dict):
+                known[key] = {**known.get(key, {}), **value}
+            else:
+                known[key] = value
+        merged["services"][name] = known
+    merged["secrets"].update(mine.get("secrets", {}))
+    return merged
+
+
+def k8s_objects(project: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The guide's Secret and Deployment."""
+    secret, deployment = yaml.safe_load_all((project / "k8s" / "no-secrets.yaml").read_text())
+    assert (secret["kind"], deployment["kind"]) == ("Secret", "Deployment")
+    return secret, deployment
 
 
 # -- the service, started the way section 6 deploys it ----------------------------------------
@@ -325,16 +389,16 @@ def run_as_deployed(project: Path, tmp_path: Path) -> None:
     _, _, cmd = image_command(project)
     app = image_app(project, tmp_path)
     (tmp_path / "redis").mkdir()
-    redis = AclRedis(tmp_path / "redis")
+    redis = AclRedis(tmp_path / "redis", acl=project / "users.acl")  # the guide's ACL file
     procs: list[subprocess.Popen[bytes]] = []
     try:
         # Compose: the service's environment, "redis" being this Redis, /run/secrets a
         # directory of ours, its health port a free one.
-        (service,) = yaml.safe_load((project / "compose.yaml").read_text())["services"].values()
+        service = yaml.safe_load((project / "compose.yaml").read_text())["services"]["no-secrets"]
         secrets = tmp_path / "secrets"
         secrets.mkdir()
-        for role, password in PASSWORDS.items():
-            (secrets / f"hookbus_{role}_password").write_text(password + "\n")
+        for user in redis.users:
+            (secrets / f"hookbus_{user}_password").write_text(password(user) + "\n")
         health = free_port()
         env = {
             k: str(v)
@@ -362,14 +426,20 @@ def run_as_deployed(project: Path, tmp_path: Path) -> None:
         asked = asyncio.run(ask_as_agent(redis))
         assert asked.is_blocked and asked.blocking_errors[0].hook_name == "NoSecrets"
 
-        # Kubernetes: the Deployment's args, the ConfigMap's settings, the Secret's worker URL;
-        # ready and alive on the paths its probes ask.
-        (deployment,) = yaml.safe_load_all((project / "k8s" / "no-secrets.yaml").read_text())
+        # Kubernetes: the Deployment's args, the ConfigMap's settings, its own Secret's URL
+        # (hook-NoSecrets, its password and this Redis in place of the placeholders); ready and
+        # alive on the paths its probes ask.
+        secret, deployment = k8s_objects(project)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         config = yaml.safe_load((K8S / "configmap.yaml").read_text())["data"]
         probe_port = free_port()
+        (url,) = secret["stringData"].values()
+        url = url.replace("CHANGE-ME", password(USER)).replace(
+            "@redis.example.internal:6379/", f"@127.0.0.1:{redis.port}/"
+        )
+        assert url == redis.url(USER)
         env = {k: str(v) for k, v in config.items() if not k.startswith("OTEL_")}
-        env |= {"HOOKBUS_HEALTH_PORT": str(probe_port), "HOOKBUS_REDIS_URL": redis.url("worker"),
+        env |= {"HOOKBUS_HEALTH_PORT": str(probe_port), "HOOKBUS_REDIS_URL": url,
                 "OTEL_SERVICE_NAME": "acme-no-secrets"}  # fmt: skip
         procs.append(
             start(["hookbus", *container["args"]], app, clean_env(**env), tmp_path / "k8s.log")
@@ -386,7 +456,7 @@ def run_as_deployed(project: Path, tmp_path: Path) -> None:
         redis_denied = redis.denied()
         redis.close()
     assert codes == [0] * len(procs), codes  # SIGTERM: both stopped cleanly
-    assert redis_denied == []  # the worker user was allowed everything the hook service did
+    assert redis_denied == []  # hook-NoSecrets was allowed everything the hook service did
 
 
 def start(argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
