@@ -136,7 +136,7 @@ async def test_batch_hooks_record_a_span_per_batch_linked_to_each_publisher(
                     id=new_id(), ts=now_ms(), event=HookEvent.POST_TOOL_USE, session_id="s1",
                     context=raw(ctx), traceparent=traceparent("ab" * 16, span_id),
                 )  # fmt: skip
-                r.xadd(keys.events, {"data": encode(message)})
+                r.xadd(keys.events("s1"), {"data": encode(message)})
             record = AuditRecord(
                 id=new_id(), ts=now_ms(), kind="shadowed", event=HookEvent.PRE_TOOL_USE,
                 hook="Guard", mode="dryrun", detail="would have blocked",
