@@ -47,6 +47,7 @@ go to shard ``crc32(session id, UTF-8) mod S``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from functools import cache
@@ -74,6 +75,12 @@ def check_name(kind: str, value: str) -> str:
             f"{kind} {value!r} must be 1-128 characters of letters, digits, '_', '.' or '-'"
         )
     return value
+
+
+def session_digest(session_id: str) -> str:
+    """How a session is named on the control channel (``ControlMessage.session_id``): the first
+    32 hex digits of its SHA-256, so that a subscriber learns no session id from it."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def check_tenant(value: str) -> str:
