@@ -233,11 +233,26 @@ async def xadd_batch(
 
     await asyncio.gather(*(share(a, i) for a, i in shares.items()))
     if any(isinstance(r, Exception) for r in results):
-        try:  # a failover moves slots: learn the new map before the next batch
-            await cluster.nodes_manager.initialize()
-        except (RedisError, RedisClusterException, OSError) as exc:
-            log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
+        await _refresh_slots(cluster)
     return results
+
+
+async def _refresh_slots(cluster: RedisCluster) -> None:
+    """Learn the cluster's new slot map (a failover moved slots) before the next batch. The
+    nodes redis-py drops from its map are disconnected here: it would leave their connections
+    to the garbage collector (unclosed sockets to a dead master)."""
+    manager = cluster.nodes_manager
+    before = list(manager.nodes_cache.values())
+    try:
+        await manager.initialize()
+    except (RedisError, RedisClusterException, OSError) as exc:
+        log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
+        return
+    kept = {id(node) for node in manager.nodes_cache.values()}
+    for node in before:
+        if id(node) not in kept:
+            with contextlib.suppress(RedisError, OSError):
+                await node.disconnect()
 
 
 async def _pipelined(

