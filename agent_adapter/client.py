@@ -10,7 +10,7 @@ from __future__ import annotations
 from bus import NotifyResult, SessionStopContext, StepCompleteContext
 from bus.coordinator import Coordinator
 from bus.dispatch import check_outside_hooks
-from bus.keys import check_name
+from bus.keys import check_name, session_digest
 from bus.protocol import ControlMessage, encode
 from bus.settings import BusSettings, HookSettings
 
@@ -38,9 +38,7 @@ class HookClient(Coordinator):
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(key, hook_name)
             pipe.expire(key, self.bus.session_ttl_secs)
-            pipe.publish(
-                self.keys.control, encode(ControlMessage(type="session", session_id=session_id))
-            )
+            pipe.publish(self.keys.control, encode(_session_note(session_id)))
             await pipe.execute()
         self.session_changed(
             session_id, self._session_hooks.get(session_id, frozenset()) | {hook_name}
@@ -64,9 +62,7 @@ class HookClient(Coordinator):
 
     async def _announce_session(self, session_id: str, known: frozenset[str]) -> None:
         self.session_changed(session_id, known)
-        await self.redis.publish(
-            self.keys.control, encode(ControlMessage(type="session", session_id=session_id))
-        )
+        await self.redis.publish(self.keys.control, encode(_session_note(session_id)))
 
     async def run_on_step_complete(self, ctx: StepCompleteContext) -> NotifyResult:
         result = await super().run_on_step_complete(ctx)
@@ -92,3 +88,9 @@ class HookClient(Coordinator):
         may only add to ``{p}:cancelled:{sid}`` (SADD): it cannot lift a cancellation, nor
         shorten one; the CancellationHook starts its TTL."""
         await self.redis.sadd(self.keys.cancelled(session_id), "agent")
+
+
+def _session_note(session_id: str) -> ControlMessage:
+    """The control channel's note that a session's hooks changed: the session named by its
+    digest, never its id (every trusted process subscribes to the channel)."""
+    return ControlMessage(type="session", session_id=session_digest(session_id))

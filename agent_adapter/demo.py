@@ -9,6 +9,7 @@ dispatch: the event, the tool, every hook called with its answer, and the latenc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -30,9 +31,9 @@ from agent_adapter.permissions import PermissionChecker, PermissionRule
 from agent_adapter.runtime import AgentRuntime, TurnResult
 from agent_adapter.tools import sandbox_tools
 from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision, telemetry
-from bus.aggregation import Outcome
+from bus.aggregation import Outcome, would_do
 from bus.errors import ConfigError
-from bus.settings import BusSettings
+from bus.settings import BusSettings, env_value
 from workers.builtins import MetricsData, MetricsHook, with_builtins
 from workers.demo_hooks import DEMO_HOOKS, EventCounter
 from workers.redis_server import RedisServer, find_redis_server
@@ -88,12 +89,16 @@ class Timeline:
         self, event: HookEvent, ctx: HookContext, outcomes: Sequence[Outcome], seconds: float
     ) -> None:
         tool = getattr(ctx, "tool_name", "") or getattr(ctx, "subagent_name", "")
-        answers = "; ".join(_describe(o) for o in outcomes) or "-"
+        answers = "; ".join(_describe(event, o) for o in outcomes) or "-"
         self.rows.append((event.value, tool, answers, seconds))
         print(f"{event.value:<19} {tool:<14} {seconds * 1e6:>8.0f} µs  {answers}", file=self.out)
 
 
-def _describe(o: Outcome) -> str:
+def _describe(event: HookEvent, o: Outcome) -> str:
+    if o.spec.mode != "enforce":  # not applied as given: say what it would have done
+        would = would_do(event, o)
+        text = f"{o.spec.name} [{o.spec.mode}]: " + (would[1] if would else "ok")
+        return text if len(text) <= 70 else text[:67] + "..."
     if o.failure is not None:
         return f"{o.spec.name}: {o.failure}"
     a = o.action
@@ -153,7 +158,9 @@ def _demo_settings() -> HookSettings:
 def embedded_registry(
     workdir: Path, cancelled: set[str], metrics: MetricsData
 ) -> tuple[Any, EventCounter]:
-    registry = with_builtins(workdir / "audit.db", cancelled, metrics, _demo_settings())
+    registry = with_builtins(
+        workdir / "audit.db", cancelled, metrics, _demo_settings(), redact=True
+    )
     for hook_class in DEMO_HOOKS:
         registry.add(hook_class())
     counter = EventCounter()
@@ -187,11 +194,13 @@ async def run_embedded(workdir: Path, out: TextIO) -> tuple[TurnResult, list[dic
 
 def report(
     result: TurnResult,
-    rows: list[dict[str, Any]],
+    rows: list[dict[str, Any]] | str,
     metrics: dict[str, Any],
     async_counts: dict[str, int] | None,
     out: TextIO,
 ) -> None:
+    """The end of the demo; ``rows`` are the session's audit rows, or why they cannot be read
+    here."""
     print(f"\nturn ended: {result.terminal.value} after {result.steps} steps", file=out)
     print(f"answer: {result.answer}", file=out)
     print(f"\nsystem reminders the agent saw ({len(result.reminders)}):", file=out)
@@ -200,8 +209,12 @@ def report(
     print("\ndenials:", file=out)
     for d in result.denials:
         print(f"  {d.tool_name}: P{d.level} {d.source.value} — {d.reason}", file=out)
-    print(f"\naudit log ({len(rows)} rows):", file=out)
-    print(f"  {'status':<13} {'tool':<14} preview", file=out)
+    if isinstance(rows, str):
+        print(f"\naudit log: {rows}", file=out)
+        rows = []
+    else:
+        print(f"\naudit log ({len(rows)} rows, secrets redacted):", file=out)
+        print(f"  {'status':<13} {'tool':<14} preview", file=out)
     for row in rows:
         preview = (row["output_preview"] or "").replace("\n", " ")[:50]
         print(f"  {row['status']:<13} {row['tool_name'] or '-':<14} {preview}", file=out)
@@ -212,10 +225,11 @@ def report(
         print(f"\nasync hook EventCounter saw: {async_counts}", file=out)
 
 
-HOOK_SERVICES = [
-    *(f"workers.demo_hooks:{cls.__name__}" for cls in DEMO_HOOKS),
-    "workers.cancellation:RedisCancellationHook",
-    "workers.builtins:AuditLogHook",
+#: The hook services the distributed demo starts: the arguments of ``hookbus worker``.
+HOOK_SERVICES: list[list[str]] = [
+    *([f"workers.demo_hooks:{cls.__name__}"] for cls in DEMO_HOOKS),
+    ["workers.cancellation:RedisCancellationHook"],
+    ["workers.builtins:AuditLogHook", "--set", "redact=true"],
 ]
 
 
@@ -238,7 +252,7 @@ async def run_distributed(
         print(f"starting {len(HOOK_SERVICES)} hook services, one process each ...", file=out)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", target],
+            [sys.executable, "-m", "workers.cli", "worker", *target],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(workdir / f"worker-{i}.log").open("wb"),
@@ -254,7 +268,7 @@ async def run_distributed(
         if attach:
             await _wait_any(client, out)
         else:
-            names = [t.rpartition(":")[2] for t in HOOK_SERVICES]
+            names = [t[0].rpartition(":")[2] for t in HOOK_SERVICES]
             names[names.index("RedisCancellationHook")] = "CancellationHook"
             await _wait_live(client, names, procs, out)
         timeline = Timeline(out)
@@ -277,9 +291,9 @@ async def run_distributed(
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
-    rows = read_audit_rows(audit_db)
+    rows = await attached_audit_rows(session_id) if attach else read_audit_rows(audit_db)
     report(result, rows, runtime.get_metrics(), None, out)
-    return result, rows
+    return result, rows if isinstance(rows, list) else []
 
 
 async def _wait_any(client: HookClient, out: TextIO) -> None:
@@ -305,6 +319,43 @@ async def _wait_live(
             missing = sorted(set(names) - set(live))
             raise ConfigError(f"hook services did not come up: {', '.join(missing)}")
         await asyncio.sleep(0.05)
+
+
+async def attached_audit_rows(session_id: str, timeout: float = 15.0) -> list[dict[str, Any]] | str:
+    """The session's rows in the audit log the running audit log service writes
+    (``AsyncAuditLogHook``, ``HOOKBUS_AUDIT_DB``), once its stop row is there: the service
+    stores events a moment after they happen. Or why they cannot be read from here."""
+    target = env_value("HOOKBUS_AUDIT_DB")
+    if not target or target.startswith(("postgresql://", "postgres://")):
+        return (
+            "kept by the audit log service (set HOOKBUS_AUDIT_DB to its SQLite file to show "
+            "it here)"
+        )
+    path = Path(target)
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = await asyncio.to_thread(_service_rows, path, session_id)
+        if any(r["status"] == "SESSION_STOP" for r in rows):
+            return rows
+        if time.monotonic() > deadline:
+            return rows or f"no rows for session {session_id} in {path} after {timeout:g}s"
+        await asyncio.sleep(0.2)
+
+
+def _service_rows(path: Path, session_id: str) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        conn.row_factory = sqlite3.Row
+        try:
+            cursor = conn.execute(
+                "SELECT status, tool_name, output_preview FROM agent_audit_events "
+                "WHERE session_id = ? ORDER BY ts, rowid",
+                (session_id,),
+            )
+        except sqlite3.OperationalError:  # the table comes with the first batch
+            return []
+        return [dict(r) for r in cursor]
 
 
 def read_audit_rows(path: Path) -> list[dict[str, Any]]:

@@ -53,7 +53,15 @@ from typing import Any
 import msgspec
 import redis as redis_py
 
-from bench.common import Children, header, hookbus_env, progress, terminated, write_results
+from bench.common import (
+    Children,
+    cpu_seconds,
+    header,
+    hookbus_env,
+    progress,
+    terminated,
+    write_results,
+)
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
 from bus.keys import Keys
@@ -234,19 +242,6 @@ def wait_until(
             children.check()
             next_check = now + 0.5
         time.sleep(POLL_SECS)
-
-
-def cpu_seconds(pids: Sequence[int]) -> float | None:
-    """User + system CPU time of ``pids`` so far (Linux ``/proc``; None elsewhere)."""
-    total = 0
-    try:
-        for pid in pids:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    except (OSError, ValueError, IndexError):
-        return None
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def publish(r: redis_py.Redis, stream: str, data: list[bytes]) -> bytes:

@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,19 @@ def write_results(path: Path, report: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"results written to {path}", flush=True)
+
+
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """User + system CPU time of ``pids`` so far (Linux ``/proc``; None elsewhere)."""
+    total = 0
+    try:
+        for pid in pids:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 # -- child processes -------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
-from bus.keys import Keys
+from bus.keys import Keys, session_digest
 from bus.protocol import (
     AuditRecord,
     ControlMessage,
@@ -49,6 +49,7 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
+from bus.redis_io import close as close_client
 from bus.redis_io import connect, dead_letter, xadd_batch
 from bus.registry import local_target
 from bus.retention import hard_cap
@@ -121,6 +122,7 @@ class Coordinator(EventRunner):
         self._flushing = False
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
         self._session_hooks: dict[str, frozenset[str]] = {}
+        self._by_digest: dict[str, str] = {}  # session_digest(sid) → sid, for control notes
         self._stale_sessions: set[str] = set()
         self._local: dict[HookEvent, list[Any]] = {e: [] for e in HookEvent}
         self._tasks: list[asyncio.Task[Any]] = []
@@ -158,7 +160,7 @@ class Coordinator(EventRunner):
         _, late = await asyncio.wait(self._tasks, timeout=3)
         for task in late:
             task.cancel()
-        await self.redis.aclose()
+        await close_client(self.redis)
 
     async def __aenter__(self) -> Coordinator:
         return await self.start()
@@ -335,7 +337,9 @@ class Coordinator(EventRunner):
         if len(self._session_hooks) > 10_000:
             self._session_hooks.clear()
             self._stale_sessions.clear()
+            self._by_digest.clear()
         self._session_hooks[session_id] = names
+        self._by_digest[session_digest(session_id)] = session_id
         self._stale_sessions.discard(session_id)
         return names
 
@@ -344,11 +348,13 @@ class Coordinator(EventRunner):
         set read before, stands in if Redis does not answer then)."""
         if known is not None:
             self._session_hooks[session_id] = known
+            self._by_digest[session_digest(session_id)] = session_id
         self._stale_sessions.add(session_id)
 
     def forget_session(self, session_id: str) -> None:
         """The session is over: drop what is known of its hooks."""
         self._session_hooks.pop(session_id, None)
+        self._by_digest.pop(session_digest(session_id), None)
         self._stale_sessions.discard(session_id)
 
     # -- the remote endpoint ------------------------------------------------------------------
@@ -391,7 +397,7 @@ class Coordinator(EventRunner):
         self._waiting[request.id] = future
         self._asked[request.id] = hook
         future.add_done_callback(lambda _: self._forget(request.id))
-        stream = self.keys.requests(hook, self.directory.shard(hook, request.session_id))
+        stream = self.directory.requests(hook, request.session_id)
         self._enqueue(stream, payload, self.bus.requests_maxlen, request.id, False)
         return future
 
@@ -545,8 +551,10 @@ class Coordinator(EventRunner):
                     except ProtocolError as exc:
                         _failures.warning("ignoring a malformed control message: %s", exc)
                         continue
-                    if note.type == "session":
-                        self.session_changed(note.session_id)
+                    if note.type == "session":  # names a session by its digest only
+                        known = self._by_digest.get(note.session_id)
+                        if known is not None:
+                            self.session_changed(known)
                     else:
                         self._wake.set()
             except (RedisError, OSError) as exc:

@@ -24,7 +24,7 @@ from bus.dispatch import Endpoint
 from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
-from bus.keys import Keys
+from bus.keys import MAX_SHARDS, Keys
 from bus.protocol import BreakGlass, HookManifest, decode, retired_hook
 
 log = logging.getLogger("hookbus.directory")
@@ -209,14 +209,14 @@ class HookDirectory:
                     by_event[event].append(target)
         self.by_name, self.by_event, self.async_hooks = by_name, by_event, async_hooks
 
-    def shard(self, name: str, session_id: str) -> int:
-        """Which of a hook's request streams a session's requests go to (its manifest's
-        ``shards``; a session's requests stay in order in one)."""
+    def requests(self, name: str, session_id: str) -> str:
+        """The request stream a session's requests to hook ``name`` go to: one of the hook's
+        manifest's ``shards`` (``crc32(session id) mod shards``), so that a session's requests
+        stay in order in one."""
         target = self.by_name.get(name)
-        shards = target.manifest.shards if target is not None else 1
-        return (
-            0 if shards <= 1 else zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % shards
-        )
+        shards = min(max(1, target.manifest.shards), MAX_SHARDS) if target is not None else 1
+        shard = zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % shards
+        return self._keys.requests(name, shard, shards)
 
     def live(self, name: str) -> bool:
         target = self.by_name.get(name)

@@ -15,10 +15,16 @@ do-nothing default. Declarations are class (or instance) attributes::
 ``priority`` orders hooks (lower first, ties by registration) for "last MutateInput wins" and
 "first Override wins". ``failure_policy = "fail"`` turns a timeout, crash or unreachable hook
 into Block (PreToolUse) or Deny (PermissionRequest); on other events a failure is only recorded.
+
+A hook is checked when it loads (``spec_of``: ``HookRegistry.add*``, ``hookbus worker``): a
+public method that looks like a hook method but is not one of its kind's (``pre_tooluse``,
+``on_pre_tool_use``, ``post_tool_use`` on an async hook) and a subscribed event without its
+method are refused with a "did you mean", since either would silently never run.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
@@ -224,6 +230,87 @@ def _events(hook: object) -> frozenset[HookEvent]:
     return frozenset(HookEvent.parse(e) for e in declared)
 
 
+def _squashed(method: str) -> str:
+    """A method name reduced to the event it seems to be about: ``on_pre_tool_use_async``,
+    ``pre_tooluse`` and ``on_pre_tool_use`` all become ``pretooluse``."""
+    return method.removeprefix("on_").removesuffix("_async").replace("_", "")
+
+
+_EVENT_KEYS: dict[str, HookEvent] = {_squashed(m): e for e, m in SYNC_METHODS.items()}
+
+
+def _meant(method: str) -> HookEvent | None:
+    """The event a method name looks meant for, if any: among the events whose first word it
+    shares (``on_session_end`` → OnSessionStop), if there are some."""
+    first = method.removeprefix("on_").split("_")[0]
+    same = [
+        key
+        for key, event in _EVENT_KEYS.items()
+        if SYNC_METHODS[event].removeprefix("on_").startswith(first + "_")
+    ]
+    close = difflib.get_close_matches(_squashed(method), same or list(_EVENT_KEYS), n=1, cutoff=0.6)
+    return _EVENT_KEYS[close[0]] if close else None
+
+
+def _looks_like_a_hook_method(method: str) -> bool:
+    """``on_*`` and ``*_async`` are the spec's naming; anything else only when it is close to
+    an event's name (``pre_tooluse``), so that a helper like ``post_to_slack`` is left alone."""
+    if method.startswith("on_") or method.endswith("_async"):
+        return True
+    return bool(difflib.get_close_matches(_squashed(method), list(_EVENT_KEYS), n=1, cutoff=0.85))
+
+
+def _overrides(hook: object, base: type, method: str) -> bool:
+    return method in vars(hook) or getattr(type(hook), method, None) is not getattr(base, method)
+
+
+def check_methods(
+    hook: AgentHook | AsyncAgentHook, name: str, events: frozenset[HookEvent]
+) -> None:
+    """Refuse what would silently never run: a public method that looks like a hook method
+    but is none of this kind of hook's (``pre_tooluse``, ``on_pre_tool_use``, the sync name on
+    an async hook), and a subscribed event the hook has no method for."""
+    is_async = isinstance(hook, AsyncAgentHook)
+    base: type = AsyncAgentHook if is_async else AgentHook
+    table = ASYNC_METHODS if is_async else SYNC_METHODS
+    kind = "an AsyncAgentHook" if is_async else "an AgentHook"
+    known = {m for m in dir(base) if not m.startswith("_")}
+    problems = []
+    for method in sorted({*dir(type(hook)), *vars(hook)}):
+        if method.startswith("_") or method in known or not callable(getattr(hook, method, None)):
+            continue
+        if not _looks_like_a_hook_method(method):
+            continue
+        event = _meant(method)
+        hint = f"did you mean {table[event]!r}?" if event is not None else ""
+        if not is_async and method in ("on_batch", "on_audit"):
+            hint = "that is an AsyncAgentHook method"
+        if not hint and (close := difflib.get_close_matches(method, table.values(), n=1)):
+            hint = f"did you mean {close[0]!r}?"
+        problems.append(
+            f"{method}() is not a method {kind} is called with: "
+            + (hint or "a helper? give it a leading underscore")
+        )
+    batches = is_async and getattr(hook, "handles_batches", False)
+    if batches and not _overrides(hook, base, "on_batch"):
+        problems.append("handles_batches is set but on_batch() is not implemented")
+    audits = is_async and getattr(hook, "follows_audit_trail", False)
+    if audits and not _overrides(hook, base, "on_audit"):
+        problems.append("follows_audit_trail is set but on_audit() is not implemented")
+    if not batches:
+        for event in sorted(events, key=list(HookEvent).index):
+            if not _overrides(hook, base, table[event]):
+                problems.append(
+                    f"it subscribes to {event.value} but does not implement {table[event]}()"
+                )
+    if problems:
+        listed = "".join(f"\n  - {p}" for p in problems)
+        raise ConfigError(
+            f"hook {name} would silently never run some of its code:{listed}\n"
+            f"  {kind}'s methods: {', '.join(table.values())} (docs/writing-hooks.md)"
+        )
+
+
 def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
     """Validate a hook's declarations and describe it; raise ConfigError if they are unusable."""
     if not isinstance(hook, AgentHook | AsyncAgentHook):
@@ -231,6 +318,8 @@ def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
     name = getattr(hook, "name", "")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"hook {hook!r} needs a non-empty name")
+    events = _events(hook)
+    check_methods(hook, name, events)
     timeout = getattr(hook, "timeout", None)
     if timeout is not None and (
         not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0
@@ -252,7 +341,7 @@ def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:
         raise ConfigError(f"hook {name}: priority must be an integer")
     return HookSpec(
         name=name,
-        events=_events(hook),
+        events=events,
         timeout=float(timeout) if timeout is not None else None,
         match_filter=match_filter,
         priority=priority,

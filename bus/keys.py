@@ -16,7 +16,7 @@ key                                          type    holds
 ``{p}:hook:{NAME}:manifest``                 string  the hook's manifest (JSON)
 ``{p}:modes``                                hash    hook name → enforcement mode set by an operator
 ``{p}:hook:{NAME}:requests``                 stream  requests for one sync hook; group ``workers``
-                                                     (shard k > 0: ``{p}:hook:{NAME#k}:requests``)
+                                                     (shard k > 0: ``{p}:hook:{NAME#k.j}:requests``)
 ``{p}:hook:{NAME}:replicas``                 zset    replica id → last heartbeat (ms, Redis's clock)
 ``{p}:hook:{NAME}:clocks``                   hash    replica id → its clock minus Redis's (ms)
 ``{p}:hook:{NAME}:replay``                   stream  entries re-fed to one async hook (same group)
@@ -39,11 +39,15 @@ key                                          type    holds
 A partition's tag is chosen so that N partitions spread evenly over the cluster's 16384 slots:
 ``TAG`` of partition i is the first ``e<i>.<k>`` (``d<i>.<k>`` for decisions), k = 0, 1, …, whose
 slot lies in the i-th of N equal slot ranges (:func:`partition_tag`). A session's partition is
-``crc32(session id, UTF-8) mod N`` (:meth:`Keys.partition`).
+``crc32(session id, UTF-8) mod N`` (:meth:`Keys.partition`). A hook's request shards spread the
+same way: shard 0 keeps the hook's tag, and shard k of S takes the first ``NAME#k.j`` whose slot
+lies in the k-th of S equal slot ranges after shard 0's (:func:`shard_tag`); a session's requests
+go to shard ``crc32(session id, UTF-8) mod S``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from functools import cache
@@ -73,6 +77,12 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def session_digest(session_id: str) -> str:
+    """How a session is named on the control channel (``ControlMessage.session_id``): the first
+    32 hex digits of its SHA-256, so that a subscriber learns no session id from it."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def check_tenant(value: str) -> str:
     """Tenant names become parts of keys and of qualified session ids."""
     if not isinstance(value, str) or not _TENANT.match(value):
@@ -93,6 +103,30 @@ def partition_tag(kind: str, index: int, partitions: int) -> str:
         if low <= key_slot(tag.encode()) < high:
             return tag
     raise ConfigError(f"no hash tag found for partition {index} of {partitions}")
+
+
+def _slot_range(index: int, parts: int) -> tuple[int, int]:
+    """The index-th of ``parts`` equal ranges of the cluster's slots: [low, high)."""
+    return (index * REDIS_CLUSTER_HASH_SLOTS // parts,
+            (index + 1) * REDIS_CLUSTER_HASH_SLOTS // parts)  # fmt: skip
+
+
+@cache
+def shard_tag(hook: str, shard: int, shards: int) -> str:
+    """The hash tag of request shard ``shard`` of a hook's ``shards``. Shard 0 is the hook's own
+    tag; its slot lies in one of ``shards`` equal slot ranges, and shard k > 0 takes the k-th
+    range after that one: the first ``<hook>#<k>.<j>``, j = 0, 1, …, whose slot lies in it. So
+    a hook's shards spread over the slots as partitions do (:func:`partition_tag`)."""
+    if shard == 0:
+        return hook
+    slot = key_slot(hook.encode())
+    home = next(i for i in range(shards) if _slot_range(i, shards)[1] > slot)
+    low, high = _slot_range((home + shard) % shards, shards)
+    for j in range(1_000_000):
+        tag = f"{hook}#{shard}.{j}"
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+    raise ConfigError(f"no hash tag found for shard {shard} of {shards} of hook {hook}")
 
 
 class Keys:
@@ -169,11 +203,14 @@ class Keys:
         """The hook's manifest (JSON); its name is also a member of ``{p}:hooks``."""
         return f"{self._hook(hook)}:manifest"
 
-    def requests(self, hook: str, shard: int = 0) -> str:
-        """Shard 0 of a hook's requests shares the hook's tag; shard k > 0 has its own."""
+    def requests(self, hook: str, shard: int = 0, shards: int = 1) -> str:
+        """Shard ``shard`` of a hook's ``shards`` request streams. Shard 0 shares the hook's
+        tag; shard k > 0 has its own, chosen so that the shards spread (:func:`shard_tag`)."""
         if shard == 0:
             return f"{self._hook(hook)}:requests"
-        return f"{self.prefix}:hook:{{{hook}#{shard}}}:requests"
+        if not 0 < shard < shards <= MAX_SHARDS:
+            raise ConfigError(f"shard {shard} of {shards}: shards must be 1-{MAX_SHARDS}")
+        return f"{self.prefix}:hook:{{{shard_tag(hook, shard, shards)}}}:requests"
 
     def tenant_decisions(self, tenant: str) -> str:
         """An untrusted agent's decision requests (its tenant's only writable stream)."""

@@ -92,7 +92,7 @@ class HookManifest(msgspec.Struct, frozen=True, kw_only=True):
     scope: Literal["global", "session"] = "global"
     # enforce | warn | dryrun; an operator's `hookbus hooks mode` ({p}:modes) overrides it.
     mode: EnforcementMode = "enforce"
-    # How many request streams the hook reads ({p}:hook:{NAME}:requests, {p}:hook:{NAME#k}:…):
+    # How many request streams the hook reads ({p}:hook:{NAME}:requests, {p}:hook:{NAME#k.j}:…):
     # a hot hook's requests spread over the cluster, a session's in order in one.
     shards: int = 1
 

@@ -122,16 +122,52 @@ def is_cluster_url(url: str) -> bool:
     return url.partition("://")[0] in CLUSTER_SCHEMES
 
 
+class ClusterClient(RedisCluster):
+    """redis-py's asyncio cluster client, routing XREADGROUP, XREAD and BLMPOP by their key.
+
+    Why around redis-py here: for every command flagged ``movablekeys`` — these three among
+    them — redis-py asks a node for the command's keys (``COMMAND GETKEYS``) before sending it:
+    one more round trip per call, every one to the same node (redis-py issue #2229; PR #2836,
+    open, would use the key positions instead). Those are the reads of every hook replica and
+    the inbox reads of every coordinator. HookBus names one key in each (protocol.md §9), at a
+    place the command's syntax fixes; anything else goes the library's way.
+    """
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        key = routing_key(command, args)
+        if key is None:
+            return await super()._determine_slot(command, *args)
+        return self.keyslot(key)
+
+
+def routing_key(command: Any, args: Sequence[Any]) -> Any:
+    """The one key of an ``XREADGROUP``/``XREAD`` of one stream or a ``BLMPOP`` of one list
+    (``args`` after the command's name), or None."""
+    name = command.decode() if isinstance(command, bytes) else str(command)
+    name = name.upper()
+    if name in ("XREADGROUP", "XREAD"):
+        start = 3 if name == "XREADGROUP" else 0  # past GROUP <group> <consumer>
+        for i in range(start, len(args)):
+            token = args[i].decode() if isinstance(args[i], bytes) else str(args[i])
+            if token.upper() == "STREAMS":
+                rest = args[i + 1 :]
+                return rest[0] if len(rest) == 2 else None
+        return None
+    if name == "BLMPOP" and len(args) >= 3 and str(args[1]) == "1":
+        return args[2]
+    return None
+
+
 def connect(settings: BusSettings) -> Redis:
     """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand.
 
-    A ``redis+cluster://`` URL gives redis-py's cluster client. It has the same command methods
-    (every HookBus command names one key, and pipelines are never transactions: protocol.md §9),
-    so the roles use it through the same ``Redis`` type.
+    A ``redis+cluster://`` URL gives redis-py's cluster client (:class:`ClusterClient`). It has
+    the same command methods (every HookBus command names one key, and pipelines are never
+    transactions: protocol.md §9), so the roles use it through the same ``Redis`` type.
     """
     scheme, _, rest = settings.redis_url.partition("://")
     if scheme in CLUSTER_SCHEMES:
-        cluster = RedisCluster.from_url(
+        cluster = ClusterClient.from_url(
             f"{CLUSTER_SCHEMES[scheme]}://{rest}",
             socket_connect_timeout=2,
             socket_timeout=SOCKET_TIMEOUT,
@@ -197,11 +233,26 @@ async def xadd_batch(
 
     await asyncio.gather(*(share(a, i) for a, i in shares.items()))
     if any(isinstance(r, Exception) for r in results):
-        try:  # a failover moves slots: learn the new map before the next batch
-            await cluster.nodes_manager.initialize()
-        except (RedisError, RedisClusterException, OSError) as exc:
-            log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
+        await _refresh_slots(cluster)
     return results
+
+
+async def _refresh_slots(cluster: RedisCluster) -> None:
+    """Learn the cluster's new slot map (a failover moved slots) before the next batch. The
+    nodes redis-py drops from its map are disconnected here: it would leave their connections
+    to the garbage collector (unclosed sockets to a dead master)."""
+    manager = cluster.nodes_manager
+    before = list(manager.nodes_cache.values())
+    try:
+        await manager.initialize()
+    except (RedisError, RedisClusterException, OSError) as exc:
+        log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
+        return
+    kept = {id(node) for node in manager.nodes_cache.values()}
+    for node in before:
+        if id(node) not in kept:
+            with contextlib.suppress(RedisError, OSError):
+                await node.disconnect()
 
 
 async def _pipelined(
@@ -231,10 +282,22 @@ _NODE_KWARGS = {
 }  # fmt: skip
 
 
+async def close(redis: Redis) -> None:
+    """Close a client of :func:`connect`, with the plain clients of single cluster nodes that
+    the durable mode opened beside it (:func:`_node_client`)."""
+    nodes: dict[tuple[str, int], Redis] = redis.__dict__.pop(_NODES, {})
+    for client in nodes.values():
+        await client.aclose()
+    await redis.aclose()
+
+
+_NODES = "_hookbus_nodes"
+
+
 def _node_client(cluster: RedisCluster, address: tuple[str, int]) -> Redis:
     """A plain client of one cluster node, with the cluster client's credentials and TLS
     (kept on the cluster client, so that both go together)."""
-    clients: dict[tuple[str, int], Redis] = cluster.__dict__.setdefault("_hookbus_nodes", {})
+    clients: dict[tuple[str, int], Redis] = cluster.__dict__.setdefault(_NODES, {})
     client = clients.get(address)
     if client is None:
         given = cluster.connection_kwargs

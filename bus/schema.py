@@ -114,7 +114,7 @@ def asyncapi() -> dict[str, Any]:
     )
     hook = (
         "The hook's name as a hash tag, braces included: `{SecretGuard}`; shard k > 0 of "
-        "its requests: `{SecretGuard#k}`"
+        "its requests: `{SecretGuard#k.j}` (docs/protocol.md 2)"
     )
     tenant = "The tenant's name as a hash tag, braces included: `{acme}`"
     owner = "The client's own id (a coordinator's, an agent's)"

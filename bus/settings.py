@@ -8,6 +8,11 @@ ignores environment variables it has no field for — which ``unknown_variables`
 "did you mean"; it would bring a second validation library next to msgspec into the core for
 about a dozen numbers; and the secrets files of a deployment are read where they are mounted
 (deploy/redis/start.sh), not here.
+
+Secrets from files, the Docker convention: every variable ``X`` read here may instead be given
+as ``X_FILE``, the path of a file holding its value (``HOOKBUS_REDIS_PASSWORD_FILE=/run/secrets/
+hookbus_hook-SecretGuard_password``; one trailing newline is dropped). ``HOOKBUS_REDIS_PASSWORD``
+is put into the Redis URL, so that no password needs to be written in one.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import difflib
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 
 import msgspec
@@ -56,7 +62,7 @@ class HookSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
-        env = os.environ if env is None else env
+        env = from_files(os.environ if env is None else env)
         return cls(
             hook_timeout_secs=_positive(env, "HOOK_TIMEOUT_SECS", 30.0),
             async_timeout_secs=_positive(env, "HOOKBUS_ASYNC_TIMEOUT_SECS", 5.0),
@@ -88,6 +94,14 @@ def _count(env: Mapping[str, str], key: str, default: int) -> int:
     return int(raw)
 
 
+def _port(env: Mapping[str, str], key: str) -> int:
+    """A TCP port, or 0 (off) when unset."""
+    value = _count(env, key, 0)
+    if value > 65535:
+        raise ConfigError(f"{key}={value} is not a TCP port (1-65535, or 0 for none)")
+    return value
+
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 #: Every ``HOOKBUS_*`` variable a HookBus process reads: the settings here, the audit log
@@ -95,6 +109,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 KNOWN_VARIABLES = frozenset(
     {
         "HOOKBUS_REDIS_URL",
+        "HOOKBUS_REDIS_PASSWORD",
         "HOOKBUS_PREFIX",
         "HOOKBUS_HEARTBEAT_SECS",
         "HOOKBUS_LIVENESS_SECS",
@@ -111,16 +126,17 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_TRUNCATE_CHARS",
         "HOOKBUS_MAX_OUTPUT_CHARS",
         "HOOKBUS_AUDIT_DB",
+        "HOOKBUS_HEALTH_PORT",
+        # The HTTP gateway (workers/gateway.py) and the Claude Code command hook
+        # (workers/command_hook.py): docs/integrations.md.
+        *(f"HOOKBUS_GATEWAY_{v}" for v in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS", "URL")),
+        "HOOKBUS_COMMAND",
+        *(f"HOOKBUS_COMMAND_{v}" for v in ("NAME", "EVENTS", "MATCHER", "TIMEOUT", "CWD")),
+        "HOOKBUS_COMMAND_FAILURE_POLICY",
         "HOOKBUS_SECRETS_DIR",
         "HOOKBUS_ACL_TEMPLATE",
         "HOOKBUS_ACL_FILE",
-        *(f"HOOKBUS_{role}_PASSWORD" for role in ("COORDINATOR", "WORKER", "AGENT", "OPERATOR")),
-        # workers/command_hook.py: a Claude Code command hook served as a HookBus hook
-        *(f"HOOKBUS_COMMAND{part}" for part in ("", "_CWD", "_EVENTS", "_FAILURE_POLICY")),
-        *(f"HOOKBUS_COMMAND{part}" for part in ("_MATCHER", "_NAME", "_TIMEOUT")),
-        # workers/gateway.py and its Claude Code command bridge
-        *(f"HOOKBUS_GATEWAY_{part}" for part in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS")),
-        "HOOKBUS_GATEWAY_URL",
+        *(f"HOOKBUS_{role}_PASSWORD" for role in ("COORDINATOR", "AGENT", "OPERATOR")),
     }
 )
 #: Left alone: names a test suite may use for itself.
@@ -138,11 +154,57 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     for name in sorted(env):
         if not name.startswith("HOOKBUS_") or name in KNOWN_VARIABLES:
             continue
+        if name.endswith("_FILE") and name.removesuffix("_FILE") in KNOWN_VARIABLES:
+            continue
         if name.startswith(RESERVED_PREFIXES) or USER_PASSWORD.match(name):
             continue
         close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
         found.append(f"{name} (did you mean {close[0]}?)" if close else name)
     return found
+
+
+def from_files(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with each ``X_FILE`` of a known variable ``X`` replaced by ``X``, the content of
+    that file (one trailing newline dropped). Giving both, or a file that cannot be read, is a
+    ConfigError."""
+    out = dict(env)
+    for name in KNOWN_VARIABLES:
+        path = env.get(f"{name}_FILE")
+        if not path:
+            continue
+        if env.get(name):
+            raise ConfigError(f"both {name} and {name}_FILE are set: give one")
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.read()
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE={path}: {exc.strerror or exc}") from None
+        out[name] = value[:-1] if value.endswith("\n") else value
+        del out[f"{name}_FILE"]
+    return out
+
+
+def env_value(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The value of one known variable, from ``name`` or ``name_FILE`` (for settings read
+    outside this module, such as the audit log hook's database)."""
+    return from_files(os.environ if env is None else env).get(name) or None
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` as its password (URL-quoted: any characters will do). A URL
+    that already carries a password is a ConfigError: say it once."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    if parts.password is not None or "password" in query:
+        raise ConfigError(
+            "HOOKBUS_REDIS_PASSWORD is set and the Redis URL holds a password too: give one"
+        )
+    if parts.scheme == "unix":  # no host part: redis-py reads it from the query
+        return f"{url}{'&' if parts.query else '?'}{urllib.parse.urlencode({'password': password})}"
+    user = urllib.parse.quote(urllib.parse.unquote(parts.username or ""), safe="")
+    secret = urllib.parse.quote(password, safe="")
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{secret}@{host}"))
 
 
 #: Accepted Redis URL schemes; the ``+cluster`` ones select redis-py's cluster client.
@@ -179,6 +241,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             of its Redis master have it (``WAIT``), so a failover cannot lose it silently.
         durable_wait_ms: how long a durable publish waits for them
             (``HOOKBUS_DURABLE_WAIT_MS``, 1000).
+        health_port: where services (workers, coordinators) answer ``/livez`` and ``/readyz``
+            over HTTP (``HOOKBUS_HEALTH_PORT``, 0 = no health endpoint; workers/probes.py).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -194,15 +258,18 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     partitions: int = 1
     durable_replicas: int = 0
     durable_wait_ms: int = 1000
+    health_port: int = 0
 
     @classmethod
     def from_env(
         cls, env: Mapping[str, str] | None = None, *, redis_url: str | None = None
     ) -> BusSettings:
-        env = os.environ if env is None else env
+        env = from_files(os.environ if env is None else env)
         url = redis_url or env.get("HOOKBUS_REDIS_URL") or DEFAULT_REDIS_URL
         if not url.startswith(URL_SCHEMES):
             raise ConfigError(f"Redis URL {url!r} must start with {', '.join(URL_SCHEMES)}")
+        if password := env.get("HOOKBUS_REDIS_PASSWORD"):
+            url = with_password(url, password)
         return cls(
             redis_url=url,
             prefix=env.get("HOOKBUS_PREFIX") or "hookbus",
@@ -217,4 +284,5 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             partitions=_int(env, "HOOKBUS_PARTITIONS", 1),
             durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
             durable_wait_ms=_int(env, "HOOKBUS_DURABLE_WAIT_MS", 1000),
+            health_port=_port(env, "HOOKBUS_HEALTH_PORT"),
         )

@@ -22,12 +22,16 @@ timeout, compression, certificates) and for the batch processor (``OTEL_BSP_*``)
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import logging
+import math
 import os
+import socket
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +223,14 @@ class SpanExport:
         self._flushing = False
         self._logged = 0.0
         self._session: Any = None
+        #: the connections the session opened, so that shutdown can cut one a request holds
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: past it (set by ``shutdown``) nothing more is sent; the spans not sent are counted
+        #: failed once, by this thread or by ``shutdown`` if this thread is still in a request
+        self._deadline = math.inf
+        self._abandoned = False
+        self._in_flight = 0
+        self._lock = threading.Lock()
         #: work for this thread at each wake, before the spans (telemetry's deferred records)
         self.chores: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._run, name="hookbus-span-export", daemon=True)
@@ -259,8 +271,15 @@ class SpanExport:
         self._idle.clear()
         try:
             while self._queue and (len(self._queue) >= self.batch or not full_only):
-                count = min(self.batch, len(self._queue))
-                batch = [self._queue.popleft() for _ in range(count)]
+                with self._lock:
+                    if self._abandoned:
+                        return
+                    if time.monotonic() >= self._deadline:  # shutting down, out of time
+                        self._lose_queued()
+                        return
+                    count = min(self.batch, len(self._queue))
+                    batch = [self._queue.popleft() for _ in range(count)]
+                    self._in_flight = count
                 self._send(batch)
         finally:
             self._idle.set()
@@ -296,23 +315,79 @@ class SpanExport:
             self._failed(len(batch), f"could not encode {len(batch)} spans: {exc!r}")
             return
         if self._session is None:
-            self._session = requests.Session()
+            self._session = self._new_session()
+        # at shutdown, a request ends by the deadline (the requests library has no total
+        # timeout: this bounds the connection and each read, which is what a silent one holds)
+        timeout = min(self.timeout, max(0.05, self._deadline - time.monotonic()))
         try:
             response = self._session.post(
-                self.endpoint, data=body, headers=self.headers, timeout=self.timeout,
+                self.endpoint, data=body, headers=self.headers, timeout=timeout,
                 verify=self.verify, cert=self.cert,
             )  # fmt: skip
         except requests.RequestException as exc:
             self._failed(len(batch), f"{len(batch)} spans not exported to {self.endpoint}: {exc}")
             return
         if 200 <= response.status_code < 300:
-            self.stats["exported"] += len(batch)
+            self._tally("exported", len(batch))
         else:
             why = f"HTTP {response.status_code} {response.text[:200]!r}"
             self._failed(len(batch), f"{len(batch)} spans refused by {self.endpoint}: {why}")
 
+    def _new_session(self) -> Any:
+        """A requests session whose connections are remembered. Why: the requests library
+        has no way to end a request another thread is waiting on, and a receiver that says
+        nothing would keep this thread for the whole OTLP timeout after ``shutdown``; closing
+        the request's socket ends it at once."""
+        import requests
+        import urllib3
+
+        connections = self._connections
+
+        class Http(urllib3.HTTPConnectionPool):
+            def _new_conn(self) -> Any:
+                conn = super()._new_conn()
+                connections.add(conn)
+                return conn
+
+        class Https(urllib3.HTTPSConnectionPool):
+            def _new_conn(self) -> Any:
+                conn = super()._new_conn()
+                connections.add(conn)
+                return conn
+
+        adapter = requests.adapters.HTTPAdapter()
+        adapter.poolmanager.pool_classes_by_scheme = {"http": Http, "https": Https}
+        session = requests.Session()
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        return session
+
+    def _cut_connections(self) -> None:
+        for conn in list(self._connections):
+            sock = getattr(conn, "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _tally(self, key: str, count: int) -> None:
+        with self._lock:
+            self._in_flight = 0
+            if not self._abandoned:  # else shutdown has counted them
+                self.stats[key] += count
+
+    def _lose_queued(self) -> None:
+        """Count what is queued or in flight as failed and send no more (lock held)."""
+        lost = len(self._queue) + self._in_flight
+        self._queue.clear()
+        self._in_flight = 0
+        if lost:
+            self.stats["failed"] += lost
+            log.warning("%d spans not exported before shutdown", lost)
+
     def _failed(self, count: int, why: str) -> None:
-        self.stats["failed"] += count
+        self._tally("failed", count)
+        if self._abandoned:  # shutdown has counted and logged them
+            return
         now = time.monotonic()
         if now - self._logged >= LOG_EVERY_SECS:
             self._logged = now
@@ -333,11 +408,23 @@ class SpanExport:
             self._flushing = False
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Send what is queued, then stop the thread."""
-        self._stopping = True
+        """Send what is queued within ``timeout`` seconds, then stop the thread. What is not
+        sent by then is counted failed and never sent; a later call only shortens the time.
+        The thread is a daemon: a request still running when this returns does not hold up
+        the exit, and its spans are already counted."""
+        with self._lock:
+            self._deadline = min(self._deadline, time.monotonic() + timeout)
+            self._stopping = True
         self._wake.set()
-        self._thread.join(timeout)
-        if self._session is not None:
+        self._thread.join(max(0.0, self._deadline - time.monotonic()))
+        if self._thread.is_alive():
+            with self._lock:
+                if not self._abandoned:
+                    self._abandoned = True
+                    self._lose_queued()
+            self._cut_connections()  # ends the request it waits on: then it stops
+            self._thread.join(0.5)
+        elif self._session is not None:
             self._session.close()
 
 
@@ -355,7 +442,7 @@ class Forward(SpanProcessor):
             self.export.add(span)
 
     def shutdown(self) -> None:
-        self.export.shutdown()
+        self.export.shutdown()  # telemetry.shutdown has given it its deadline already
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.export.flush(timeout_millis / 1000)

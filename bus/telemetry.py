@@ -6,9 +6,19 @@ HookBus adds no wrapper at all — tracing off costs nothing on the hot path.
 
 Configuration (standard variables): ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``
 (``otlp``, ``console`` or ``none``; ``otlp`` is implied when ``OTEL_EXPORTER_OTLP_ENDPOINT``
-is set), ``OTEL_EXPORTER_OTLP_ENDPOINT`` (OTLP over HTTP, e.g. ``http://jaeger:4318``),
+is set), ``OTEL_EXPORTER_OTLP_ENDPOINT`` (e.g. ``http://jaeger:4318``),
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (and its ``_TRACES_`` / ``_METRICS_`` forms: ``http/protobuf``,
+the default, or ``grpc`` when opentelemetry-exporter-otlp-proto-grpc is installed),
 ``OTEL_SERVICE_NAME`` (default ``hookbus-<role>``), ``OTEL_BSP_*`` and
-``OTEL_METRIC_EXPORT_INTERVAL``.
+``OTEL_METRIC_EXPORT_INTERVAL``. Any other exporter or protocol (``jaeger``, ``zipkin``,
+``http/json``) is refused with a ConfigError rather than quietly sent as OTLP/HTTP.
+
+Traces over OTLP/HTTP are HookBus's ``LightSpan``s (and the application's SDK spans), sent by
+the thread of ``bus.span_export.SpanExport``; over gRPC or to the console, SDK spans sent by the
+SDK's ``BatchSpanProcessor``.
+
+``shutdown`` flushes what is left within ``FLUSH_SECS``; with the collector down it gives up
+then instead of retrying for the exporters' full timeout.
 
 Spans: the agent's turn → step → tool call → ``dispatch <Event>`` (in the coordinator or
 registry) → ``hook <name>`` (in the worker process that ran it, its parent carried in the
@@ -18,7 +28,9 @@ request's ``traceparent``). Async hook spans link to the span that published the
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import importlib.util
 import os
 import threading
 import time
@@ -43,6 +55,7 @@ from opentelemetry.trace import (
 )
 
 from bus.aggregation import Outcome, would_do
+from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
 from bus.span_export import SpanExport
@@ -52,9 +65,15 @@ meter = metrics.get_meter("hookbus")
 
 _state = {"enabled": False}
 #: The last span export (its counts stay readable after ``shutdown()``); whether HookBus's
-#: spans are the SDK's (console exporter).
+#: spans are the SDK's (console exporter, OTLP over gRPC).
 _last_export: SpanExport | None = None
 _sdk_spans = False
+#: What the exporters may still take at shutdown to send what is left (seconds).
+FLUSH_SECS = 2.0
+#: The SDK's exporters (metrics; spans to the console or over gRPC), shut down past FLUSH_SECS.
+_exporters: list[Any] = []
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOLS = ("http/protobuf", "grpc")
 _ACTION_EVENTS = frozenset({"Block", "MutateInput", "MutateOutput", "Override"})
 
 
@@ -65,7 +84,13 @@ def enabled() -> bool:
 def _exporter(kind: str, env: Mapping[str, str]) -> str:
     chosen = env.get(f"OTEL_{kind}_EXPORTER", "").strip().lower()
     if chosen:
-        return chosen.split(",")[0]
+        first = chosen.split(",")[0].strip()
+        if first not in EXPORTERS:
+            hint = " (Jaeger takes OTLP: otlp, with its port 4318)" if first == "jaeger" else ""
+            raise ConfigError(
+                f"OTEL_{kind}_EXPORTER={chosen}: HookBus exports {', '.join(EXPORTERS)}{hint}"
+            )
+        return first
     endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(
         f"OTEL_EXPORTER_OTLP_{kind}_ENDPOINT"
     )
@@ -89,15 +114,24 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
     traces, metric_kind = _exporter("TRACES", env), _exporter("METRICS", env)
     if traces == "none" and metric_kind == "none":
         return False
+    trace_protocol, metric_protocol = _protocol("TRACES", env), _protocol("METRICS", env)
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", f"hookbus-{role}")})
     if traces != "none":
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         if traces == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-            _sdk_spans = True
+            span_exporter: Any = ConsoleSpanExporter()
+        elif trace_protocol == "grpc":
+            # gRPC goes through the SDK's exporter and batch processor: HookBus's own export
+            # thread (bus/span_export.py) speaks OTLP/HTTP only.
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
+
+            span_exporter = GrpcSpanExporter()
         else:  # OTLP/HTTP: HookBus's spans and the application's through one export thread
             from bus.span_export import Forward
 
+            span_exporter = None
             export = SpanExport(resource, env)
             provider.add_span_processor(Forward(export))
             describe: Any = provider.sampler.get_description  # untyped in the SDK
@@ -105,18 +139,31 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
             _export = _last_export = export
             _sampler, _ids, _default_sampler = provider.sampler, provider.id_generator, default
             export.chores.append(_deferred.drain)
+        if span_exporter is not None:
+            _exporters.append(span_exporter)
+            provider.add_span_processor(BatchSpanProcessor(span_exporter))
+            _sdk_spans = True
         trace.set_tracer_provider(provider)
     if metric_kind != "none":
         if metric_kind == "console":
             exporter: Any = ConsoleMetricExporter()
+        elif metric_protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[import-not-found]
+                OTLPMetricExporter as GrpcMetricExporter,
+            )
+
+            exporter = GrpcMetricExporter()
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter,
             )
 
             exporter = OTLPMetricExporter()
+        _exporters.append(exporter)
         reader = PeriodicExportingMetricReader(exporter)
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+        metrics.set_meter_provider(
+            MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+        )
         # Its callback runs on the reader's thread before each collection: the histogram
         # records deferred since the last one go in first.
         metrics.get_meter("hookbus").create_observable_counter(
@@ -130,15 +177,74 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def _protocol(kind: str, env: Mapping[str, str]) -> str:
+    """The OTLP protocol for ``kind``; a ConfigError for one HookBus cannot send."""
+    chosen = (
+        (
+            env.get(f"OTEL_EXPORTER_OTLP_{kind}_PROTOCOL")
+            or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        .strip()
+        .lower()
+    )
+    if chosen not in PROTOCOLS:
+        raise ConfigError(
+            f"OTLP protocol {chosen!r} (OTEL_EXPORTER_OTLP_PROTOCOL): HookBus sends "
+            f"{' or '.join(PROTOCOLS)}"
+        )
+    if (
+        chosen == "grpc"
+        and importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is None
+    ):
+        raise ConfigError(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the package "
+            "opentelemetry-exporter-otlp-proto-grpc (pip install it), or use http/protobuf (the "
+            "collector's port 4318)"
+        )
+    return chosen
+
+
 def shutdown() -> None:
-    """Flush and stop the exporters (call before the process exits)."""
-    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-        stop = getattr(provider, "shutdown", None)
-        if callable(stop):
-            stop()
+    """Flush what is left and stop the exporters (every process that calls ``configure``
+    calls this before it exits: the providers do not shut down at exit by themselves): within
+    about twice ``FLUSH_SECS``, whether the collector answers or not.
+
+    The SDK's own timeouts do not bound this: an exporter retries against a collector that is
+    down for up to ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s) per signal, and a span processor's
+    shutdown waits 30 s for its export thread. So flush and shutdown run on a daemon thread;
+    past ``FLUSH_SECS`` the SDK's exporters are shut down, which ends their retries, and past
+    as much again the process goes on without them: what was not sent is dropped (the
+    exporters log it). HookBus's own span export (OTLP/HTTP) sends nothing past about twice
+    ``FLUSH_SECS`` either: its requests' timeout is cut to that deadline, and the spans it
+    has not sent by then are counted failed (``span_stats()``, ``hookbus.spans.lost``)."""
     global _export, _sdk_spans
-    if _export is not None:
-        _export.shutdown()
+    providers = [trace.get_tracer_provider(), metrics.get_meter_provider()]
+    export = _export
+    flush_ms = int(FLUSH_SECS * 1000)
+    flushed, stopped = threading.Event(), threading.Event()
+
+    def run() -> None:
+        for provider in providers:
+            with contextlib.suppress(Exception):  # the metrics SDK raises on a timeout
+                getattr(provider, "force_flush", lambda timeout_millis=0: None)(flush_ms)
+        flushed.set()
+        if export is not None:  # before the tracer provider's (its Forward would wait 30 s)
+            export.shutdown(FLUSH_SECS)
+        for provider in providers:
+            with contextlib.suppress(Exception):
+                getattr(provider, "shutdown", lambda: None)()
+        stopped.set()
+
+    threading.Thread(target=run, name="hookbus-telemetry-shutdown", daemon=True).start()
+    if not flushed.wait(FLUSH_SECS):
+        for exporter in _exporters:
+            with contextlib.suppress(Exception):
+                exporter.shutdown()
+    stopped.wait(FLUSH_SECS)
+    if export is not None:
+        export.shutdown(0)  # whatever it has not sent by now is counted lost, and it stops
+    _exporters.clear()
     _export, _sdk_spans = None, False
 
 
@@ -635,6 +741,27 @@ def hook_span(
     return span(
         name, attributes, kind=SpanKind.SERVER, context=context_from(traceparent, tracestate)
     )
+
+
+#: Links a batch span keeps (OpenTelemetry's default span link limit).
+MAX_LINKS = 128
+
+
+def batch_span(
+    name: str, attributes: dict[str, Any], parents: Sequence[tuple[str, str]]
+) -> AbstractContextManager[Any]:
+    """The span of one batch an async hook handles at once (``on_batch``, ``on_audit``): a new
+    trace (kind CONSUMER) linked to the span that published each entry, up to ``MAX_LINKS``."""
+    links: list[Link] = []
+    seen: set[str] = set()
+    for traceparent, tracestate in parents:
+        if not traceparent or traceparent in seen or len(links) >= MAX_LINKS:
+            continue
+        seen.add(traceparent)
+        linked = _span_context(traceparent, tracestate)
+        if linked is not None:
+            links.append(Link(linked))
+    return span(name, attributes, kind=SpanKind.CONSUMER, context=Context(), links=links)
 
 
 def count_dead_letters(source: str, n: int = 1) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
+import time
 from typing import Any
 
 from bus import telemetry
@@ -36,18 +38,36 @@ async def loop_while_export_is_stuck(n: int) -> dict[str, Any]:
     return {"made": n}
 
 
+def in_flight(n: int) -> dict[str, Any]:
+    """``n`` spans, then a wait (deadline 30 s) until the export thread has a request out to
+    the receiver: shutdown then finds it waiting on one."""
+    for i in range(n):
+        with telemetry.span("waiting", {"i": i}):
+            pass
+    export = telemetry._export
+    assert export is not None
+    deadline = time.monotonic() + 30
+    while not export._in_flight:
+        assert time.monotonic() < deadline, "no request went out"
+        time.sleep(0.01)
+    return {"made": n}
+
+
 def main() -> int:
     name, n = sys.argv[1], int(sys.argv[2])
     assert telemetry.configure("scenario"), "no exporter configured"
     if name == "traces":
         out = traces(n)
+    elif name == "in_flight":
+        out = in_flight(n)
     elif name == "stuck":
         out = asyncio.run(loop_while_export_is_stuck(n))
     else:
         raise SystemExit(f"unknown scenario {name}")
     print(json.dumps({**out, "before_shutdown": telemetry.span_stats()}), flush=True)
     telemetry.shutdown()
-    print(json.dumps({"stats": telemetry.span_stats()}), flush=True)
+    alive = any(t.name == "hookbus-span-export" for t in threading.enumerate())
+    print(json.dumps({"stats": telemetry.span_stats(), "export_alive": alive}), flush=True)
     return 0
 
 

@@ -71,3 +71,38 @@ def test_demo_attaches_to_running_hook_services(bus_settings: Any, procs: Any) -
     assert "attached to the running hook services: SecretGuard" in out.stdout
     assert "SecretGuard: Block(.env files hold secrets" in out.stdout
     assert "turn ended: Cancelled" not in out.stdout  # no cancellation service is running
+
+
+def test_the_timeline_shows_what_a_dry_run_hook_would_have_done(
+    bus_settings: Any, procs: Any
+) -> None:
+    """Issue 17, item 14: before, a dryrun hook's Block was shown as "Block(…)" although the
+    agent went on."""
+    from tests.harness import until, worker_env
+
+    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    env = worker_env(bus_settings)
+
+    def dry_run() -> bool:  # refused until the worker has registered the hook
+        return subprocess.run(
+            [sys.executable, "-m", "workers.cli", "hooks", "mode", "SecretGuard", "dryrun"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        ).returncode == 0  # fmt: skip
+
+    until(dry_run, "SecretGuard registered and set to dryrun", 60)
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "demo", "--attach"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("PreToolUse          file_read"))
+    assert "SecretGuard [dryrun]: would have blocked: .env files hold secrets" in line, line
+    assert "SecretGuard: Block" not in out.stdout
+
+
+def test_the_embedded_demo_redacts_its_audit_log() -> None:
+    out = run_demo("--embedded")
+    assert out.returncode == 0, out.stderr
+    audit = out.stdout.split("\naudit log (")[1].split("\nmetrics:")[0]
+    assert "rows, secrets redacted):" in audit and "API_KEY=[redacted]" in audit
+    assert "sk-live" not in audit

@@ -35,8 +35,8 @@ from bus.hooks import spec_of
 from bus.keys import Keys
 from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
+from workers.loading import load_hook
 from workers.redis_server import free_port, stop_process
-from workers.worker import load_hook
 
 K = Keys("hookbus")  # the deploy uses the default prefix
 EVENTS, DECISIONS = K.event_partitions[0], K.decision_partitions[0]
@@ -106,9 +106,78 @@ def test_the_readme_compose_snippet_for_a_custom_hook_fits_the_compose_file(
     path.write_text(text)
     result = check_jsonschema(SCHEMAS / "compose-spec.json", path)
     assert result.returncode == 0, result.stdout + result.stderr
-    service = yaml.safe_load(text)["services"]["my-hook"]
+    doc = yaml.safe_load(text)
+    service = doc["services"]["my-hook"]
     assert build_parser().parse_args(service["command"]).hook == "mypackage.hooks:MyHook"
-    assert build_parser().parse_args(service["healthcheck"]["test"][2:]).check
+    assert service["healthcheck"] == doc["x-health"]
+
+
+# Compose's Redis users: the shared roles, each hook service's own user, the demo tenant.
+ROLE_PASSWORDS = [
+    f"HOOKBUS_{r}_PASSWORD"
+    for r in (
+        "COORDINATOR", "AGENT", "OPERATOR", "HOOK_CANCELLATIONHOOK", "HOOK_SECRETGUARD",
+        "HOOK_ASYNCAUDITLOGHOOK", "HOOK_ASYNCMETRICSHOOK", "TENANT_DEMO",
+    )
+]  # fmt: skip
+
+
+def test_compose_has_no_development_passwords_and_none_in_urls() -> None:
+    """Every password must be given (Compose's ${VAR:?message} refuses to start without it),
+    none has a default, and they reach the services as secret files, never in a URL."""
+    import urllib.parse
+
+    text = COMPOSE.read_text()
+    for var in ROLE_PASSWORDS:
+        uses = re.findall(r"\$\{" + var + r"([^}]*)\}", text)
+        assert uses and all(u.startswith(":?") for u in uses), (var, uses)
+    assert "dev-password" not in text and ":-" not in "".join(re.findall(r"\$\{[^}]*\}", text))
+    doc = compose()
+    assert {s["environment"] for s in doc["secrets"].values()} == set(ROLE_PASSWORDS)
+    for name, service in doc["services"].items():
+        if service.get("image") != "hookbus:latest":
+            continue
+        env = service["environment"]
+        url = urllib.parse.urlsplit(env["HOOKBUS_REDIS_URL"])
+        assert url.password is None and url.username, (name, env["HOOKBUS_REDIS_URL"])
+        secret = f"hookbus_{url.username}_password"
+        assert service["secrets"] == [secret], name
+        assert env["HOOKBUS_REDIS_PASSWORD_FILE"] == f"/run/secrets/{secret}", name
+    assert sorted(doc["services"]["redis"]["secrets"]) == sorted(doc["secrets"])
+
+
+def test_compose_limits_every_service_and_keeps_the_audit_log_on_a_volume() -> None:
+    doc = compose()
+    for name, service in doc["services"].items():
+        limits = service["deploy"]["resources"]["limits"]
+        assert limits["memory"] and limits["cpus"], name
+    audit = doc["services"]["audit-log"]
+    db = Path(audit["environment"]["HOOKBUS_AUDIT_DB"])
+    volumes = dict(v.split(":", 1) for v in audit["volumes"])
+    assert any(db.is_relative_to(path) for path in volumes.values()), (db, volumes)
+    assert set(volumes) <= set(doc["volumes"])  # named volumes: they outlive the container
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"mkdir -p {db.parent} && chown 10001 {db.parent}" in dockerfile
+
+
+def test_the_docker_build_context_is_small() -> None:
+    """.dockerignore leaves out .venv, .git, node_modules and the like, and keeps what the
+    Dockerfile copies (the context as the docker client computes it)."""
+    from docker.utils.build import exclude_paths
+
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    files = exclude_paths(str(ROOT), patterns)
+    assert not [f for f in files if f.startswith((".venv", ".git/", "node_modules")) or
+                "/node_modules/" in f or "__pycache__" in f]  # fmt: skip
+    size = sum((ROOT / f).stat().st_size for f in files if (ROOT / f).is_file())
+    assert size < 5_000_000, size
+    copied = re.findall(r"^COPY (.+) \S+$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M)
+    for source in " ".join(copied).split():
+        assert source in files, source
 
 
 def validate_manifest(doc: dict[str, Any]) -> None:
@@ -194,21 +263,15 @@ def commands() -> list[tuple[str, list[str]]]:
         if service.get("image") != "hookbus:latest":
             continue
         found.append((f"compose {name} command", list(service["command"])))
-        test = service.get("healthcheck", {}).get("test")
-        if test:
-            assert test[:2] == ["CMD", "hookbus"], (name, test)
-            found.append((f"compose {name} healthcheck", test[2:]))
-    for file, i, doc in manifests():
-        if doc["kind"] != "Deployment":
-            continue
+    for file, i, doc in deployments():
         for c in doc["spec"]["template"]["spec"]["containers"]:
             assert "command" not in c, "the image's entrypoint is hookbus: use args"
             found.append((f"{file}#{i} {c['name']} args", list(c["args"])))
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                command = c[probe]["exec"]["command"]
-                assert command[0] == "hookbus", (file, probe, command)
-                found.append((f"{file}#{i} {c['name']} {probe}", command[1:]))
     return found
+
+
+def deployments() -> list[tuple[str, int, dict[str, Any]]]:
+    return [(f, i, d) for f, i, d in manifests() if d["kind"] == "Deployment"]
 
 
 @pytest.mark.parametrize("argv", [a for _, a in commands()], ids=[w for w, _ in commands()])
@@ -219,24 +282,51 @@ def test_every_command_exists_in_the_cli(argv: list[str]) -> None:
         spec_of(load_hook(argv[1]))  # it imports, and is a hook
 
 
-def test_health_checks_check_what_their_service_runs() -> None:
-    """Each health check or probe is a --check of its own service's command (and hook)."""
-    runs: dict[str, list[str]] = {}
-    checks: list[tuple[str, str, list[str]]] = []
-    for where, argv in commands():
-        owner, _, what = where.rpartition(" ")
-        if what in ("command", "args"):
-            runs[owner] = argv
-        else:
-            checks.append((owner, where, argv))
-    for owner, where, argv in checks:
-        served = runs[owner]
-        assert "--check" in argv and argv[0] == served[0], where
-        if served[0] == "worker":
-            assert argv[1] == served[1] and "--here" in argv, where
-    long_running = {o for o, argv in runs.items() if argv[0] in ("worker", "coordinator")}
-    assert long_running == {o for o, _, _ in checks}
-    assert len(long_running) == 10  # 5 compose services, 5 Deployments
+def long_running(argv: list[str]) -> bool:
+    return argv[0] in ("worker", "coordinator")
+
+
+def test_compose_services_are_checked_on_their_health_endpoint() -> None:
+    """Every worker and coordinator is checked on /readyz of its own HOOKBUS_HEALTH_PORT, over
+    HTTP, by a check that names no hook class (tests/test_probes.py runs the check)."""
+    doc = compose()
+    checked = []
+    for name, service in doc["services"].items():
+        if service.get("image") != "hookbus:latest" or not long_running(service["command"]):
+            continue
+        test = service["healthcheck"]["test"]
+        assert test == doc["x-health"]["test"], name
+        port = service["environment"]["HOOKBUS_HEALTH_PORT"]
+        assert test[:3] == ["CMD", "python", "-c"] and f"127.0.0.1:{port}/readyz" in test[3]
+        checked.append(name)
+    assert len(checked) == 5
+
+
+def test_deployments_probe_the_health_endpoint_and_name_the_hook_once() -> None:
+    """Liveness asks /livez (never Redis), readiness /readyz, on the container port named
+    "health" that the ConfigMap's HOOKBUS_HEALTH_PORT opens; no probe starts a process; a
+    worker's MODULE:CLASS is written once, in its args."""
+    (config,) = [d for _, _, d in manifests() if d["kind"] == "ConfigMap"]
+    port = int(config["data"]["HOOKBUS_HEALTH_PORT"])
+    found = 0
+    for file, _, doc in deployments():
+        (c,) = doc["spec"]["template"]["spec"]["containers"]
+        assert long_running(c["args"]), file
+        found += 1
+        assert {"name": "health", "containerPort": port} in c["ports"], file
+        paths = {}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "exec" not in c[probe], (file, probe)
+            assert c[probe]["httpGet"]["port"] == "health", (file, probe)
+            paths[probe] = c[probe]["httpGet"]["path"]
+        assert paths == {
+            "startupProbe": "/livez",
+            "readinessProbe": "/readyz",
+            "livenessProbe": "/livez",
+        }, file
+        if c["args"][0] == "worker":
+            assert yaml.safe_dump(doc).count(c["args"][1]) == 1, file
+    assert found == 5
 
 
 # -- ACL users ----------------------------------------------------------------------------------
@@ -354,9 +444,10 @@ def password_var(user: str) -> str:
 class AclRedis:
     """redis-server started by deploy/redis/start.sh from users.acl, plus an ``admin`` user of
     the test's own (to read ACL LOG), and a user for each of ``hooks`` (MODULE:CLASS or NAME,
-    as ``hookbus acl --hooks`` takes them) the stack does not run."""
+    as ``hookbus acl --hooks`` takes them) the stack does not run. ``acl``: another file
+    ``hookbus acl`` generated, in place of users.acl. Each user's password: ``password(user)``."""
 
-    def __init__(self, tmp: Path, hooks: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, hooks: tuple[str, ...] = (), acl: Path | None = None) -> None:
         from workers.acl import hook_user_of, users
 
         extra = [
@@ -365,18 +456,17 @@ class AclRedis:
             if user.startswith("hook-")
         ]
         lines = "".join(f"user {user} {rules}\n" for user, rules in extra)
+        base = (acl or REDIS_DIR / "users.acl").read_text()
         template = tmp / "users.acl"
-        template.write_text(
-            (REDIS_DIR / "users.acl").read_text() + lines + "user admin on ~* &* +@all\n"
-        )
+        template.write_text(base + lines + "user admin on ~* &* +@all\n")
+        self.users = [u for u in re.findall(r"^user (\S+) ", base + lines, re.M) if u != "default"]
         self.port = free_port()
         env = {
             **os.environ,
             "HOOKBUS_ACL_TEMPLATE": str(template),
             "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
             "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
-            **{password_var(u): p for u, p in PASSWORDS.items()},
-            **{password_var(u): password(u) for u, _ in extra},
+            **{password_var(u): password(u) for u in self.users},
             "HOOKBUS_ADMIN_PASSWORD": ADMIN,
         }
         self.log = tmp / "redis.log"
@@ -575,14 +665,48 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
 
 
 @pytest.mark.redis
-def test_the_compose_redis_health_check_passes_as_the_operator(acl_redis: AclRedis) -> None:
+def test_the_compose_redis_health_check_passes_as_the_operator(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
     kind, command = compose()["services"]["redis"]["healthcheck"]["test"]
     assert kind == "CMD-SHELL"
     command = command.replace("$$", "$").replace("redis-cli", f"redis-cli -p {acl_redis.port}")
-    env = {**os.environ, "HOOKBUS_OPERATOR_PASSWORD": PASSWORDS["operator"]}
-    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 0
-    env["HOOKBUS_OPERATOR_PASSWORD"] = "wrong"
-    assert subprocess.run(["sh", "-c", command], env=env, timeout=30).returncode == 1
+    command = command.replace("/run/secrets/", f"{tmp_path}/")
+    secret = tmp_path / "hookbus_operator_password"
+    secret.write_text(PASSWORDS["operator"])
+    assert subprocess.run(["sh", "-c", command], timeout=30).returncode == 0
+    secret.write_text("wrong")
+    assert subprocess.run(["sh", "-c", command], timeout=30).returncode == 1
+
+
+@pytest.mark.redis
+def test_hookbus_reads_its_redis_password_from_a_file(acl_redis: AclRedis, tmp_path: Path) -> None:
+    """What the Compose services do: a URL without a password, and the password in a secret
+    file (HOOKBUS_REDIS_PASSWORD_FILE)."""
+    secret = tmp_path / "hookbus_agent_password"
+    secret.write_text(PASSWORDS["agent"] + "\n")  # a file written with echo ends in a newline
+    url = f"redis://agent@127.0.0.1:{acl_redis.port}/0"
+
+    def check(**env: str) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
+        return subprocess.run(
+            [sys.executable, "-m", "workers.cli", "check"],
+            env={**full, "HOOKBUS_REDIS_URL": url, **env}, cwd=ROOT,
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    ok = check(HOOKBUS_REDIS_PASSWORD_FILE=str(secret))
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: Redis at redis://agent:***@"), ok
+    assert PASSWORDS["agent"] not in ok.stdout + ok.stderr  # the password is never printed
+    assert "unknown environment variable" not in ok.stderr  # X_FILE of a known X is known
+    secret.write_text("wrong")
+    refused = check(HOOKBUS_REDIS_PASSWORD_FILE=str(secret))
+    assert refused.returncode != 0 and "authentication failed" in refused.stderr.lower(), refused
+    missing = check(HOOKBUS_REDIS_PASSWORD_FILE=str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    assert f"HOOKBUS_REDIS_PASSWORD_FILE={tmp_path / 'nope'}: No such file" in missing.stderr
+    both = check(HOOKBUS_REDIS_PASSWORD_FILE=str(secret), HOOKBUS_REDIS_PASSWORD="x")
+    assert both.returncode == 2 and "both HOOKBUS_REDIS_PASSWORD and" in both.stderr
 
 
 @pytest.mark.redis
@@ -683,4 +807,5 @@ def test_the_generated_users_password_variables_are_known() -> None:
 
     env = {password_var(u): "x" for u in USERS if u != "default"}
     assert unknown_variables(env) == []
-    assert unknown_variables({"HOOKBUS_HOOK_GUARD_PASSWRD": "x"}) == ["HOOKBUS_HOOK_GUARD_PASSWRD"]
+    [warned] = unknown_variables({"HOOKBUS_HOOK_GUARD_PASSWRD": "x"})
+    assert warned.startswith("HOOKBUS_HOOK_GUARD_PASSWRD")

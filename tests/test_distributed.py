@@ -399,3 +399,37 @@ async def test_coordinator_service_answers_foreign_agents(
         assert answer["request_id"] == "bad"
     finally:
         await redis.aclose()
+
+
+async def test_the_control_channel_names_sessions_by_digest_only(bus_settings: BusSettings) -> None:
+    """Every trusted process subscribes to the control channel: a session-hook change names the
+    session by its digest, so a subscriber learns no session id; coordinators that know the
+    session still re-read its hooks."""
+    from bus.keys import session_digest
+
+    keys = Keys(bus_settings.prefix)
+    client, other = await client_for(bus_settings), await client_for(bus_settings)
+    listener = Redis.from_url(bus_settings.redis_url)
+    pubsub = listener.pubsub()
+    try:
+        await pubsub.subscribe(keys.control)
+        await other.run_pre_tool_use(ctx("secret-session-42"))  # another coordinator knows it
+        assert "secret-session-42" not in other._stale_sessions
+        await client.add_session_hook("secret-session-42", "SessOnly")
+
+        async def note() -> Any:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            return message if message and message["type"] == "message" else None
+
+        heard = await wait_for(note, timeout=10, what="the session note")
+        assert b"secret-session-42" not in heard["data"]
+        assert json.loads(heard["data"])["session_id"] == session_digest("secret-session-42")
+        await wait_for(
+            lambda: "secret-session-42" in other._stale_sessions, timeout=10,
+            what="the other coordinator to mark the session's hooks stale",
+        )  # fmt: skip
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await listener.aclose()
+        await client.close()
+        await other.close()

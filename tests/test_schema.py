@@ -61,8 +61,8 @@ def test_asyncapi_names_every_channel_and_message() -> None:
     assert keys.tenant_decisions("acme") == "hookbus:t:{tenant}:decisions".replace(
         "{tenant}", "{acme}"
     )
-    assert keys.requests("Guard", 2) == "hookbus:hook:{hook}:requests".replace(
-        "{hook}", "{Guard#2}"
+    assert keys.requests("Guard", 2, 3) == "hookbus:hook:{hook}:requests".replace(
+        "{hook}", "{Guard#2.1}"
     )
     assert keys.event_partitions[0] == "hookbus:events:{partition}".replace("{partition}", "{e0.0}")
     assert keys.decision_partitions[0] == "hookbus:decisions:{partition}".replace(

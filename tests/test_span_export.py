@@ -197,6 +197,20 @@ def test_a_silent_receiver_neither_blocks_the_loop_nor_grows_the_queue(stuck: _S
     assert stats["dropped"] + stats["failed"] == 500  # every span accounted for
 
 
+def test_shutdown_ends_a_request_the_receiver_never_answers(stuck: _Stuck) -> None:
+    """With the OTLP timeout at 60 s and a request out to a receiver that says nothing,
+    shutdown still stops the export thread (before: it went on waiting for the request's
+    timeout after shutdown returned), and the spans it held are counted failed."""
+    [made, final] = scenario(
+        "in_flight", 12, OTEL_EXPORTER_OTLP_ENDPOINT=stuck.endpoint, OTEL_METRICS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_TIMEOUT="60", OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="5",
+    )  # fmt: skip
+    assert made["made"] == 12 and stuck.requests >= 1
+    assert final["export_alive"] is False
+    assert final["stats"] == {"failed": 12}
+
+
 def test_a_receiver_that_refuses_is_counted_and_the_loss_is_a_metric() -> None:
     with _Stuck(status=503) as refusing, OTLPReceiver() as metrics:
         [_, final] = scenario(

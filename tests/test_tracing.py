@@ -99,3 +99,117 @@ def test_no_exporter_configured_installs_nothing() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     assert telemetry.configure("agent", env) is False
     assert telemetry.enabled() is False
+
+
+# -- issue 17, item 13: batch hooks' spans, exporters refused, a silent collector ----------------
+
+
+def traceparent(trace_id: str, span_id: str) -> str:
+    return f"00-{trace_id}-{span_id}-01"
+
+
+async def test_batch_hooks_record_a_span_per_batch_linked_to_each_publisher(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """The built-in audit log hook works in batches (on_batch, on_audit): each batch is one
+    span, in a trace of its own, linked to the span that published each entry."""
+    import redis
+
+    from bus.events import PostToolUseContext
+    from bus.keys import Keys
+    from bus.protocol import AuditRecord, EventMessage, encode, new_id, now_ms, raw
+
+    keys = Keys(bus_settings.prefix)
+    with OTLPReceiver() as receiver:
+        worker = procs.worker(
+            bus_settings, "workers.audit:AsyncAuditLogHook", "audit", "--from", "0",
+            HOOKBUS_AUDIT_DB=str(tmp_path / "audit.db"), **otel_env(receiver, "hookbus-audit"),
+        )  # fmt: skip
+        r = redis.Redis.from_url(bus_settings.redis_url)
+        published = []
+        try:
+            for i in range(3):
+                span_id = f"{i + 1:016x}"
+                published.append(span_id)
+                ctx = PostToolUseContext(session_id="s1", tool_name="search", output_content="x")
+                message = EventMessage(
+                    id=new_id(), ts=now_ms(), event=HookEvent.POST_TOOL_USE, session_id="s1",
+                    context=raw(ctx), traceparent=traceparent("ab" * 16, span_id),
+                )  # fmt: skip
+                r.xadd(keys.events("s1"), {"data": encode(message)})
+            record = AuditRecord(
+                id=new_id(), ts=now_ms(), kind="shadowed", event=HookEvent.PRE_TOOL_USE,
+                hook="Guard", mode="dryrun", detail="would have blocked",
+                traceparent=traceparent("cd" * 16, "00000000000000aa"),
+            )  # fmt: skip
+            r.xadd(keys.audit, {"data": encode(record)})
+        finally:
+            r.close()
+
+        def batches() -> list[dict[str, Any]]:
+            return [s for s in receiver.spans if s["name"] == "hook AsyncAuditLogHook"]
+
+        def linked() -> bool:
+            links = {link for s in batches() for link in s["links"]}
+            return set(published) <= links and "00000000000000aa" in links
+
+        await wait_for(linked, 60, "batch spans linked to every publisher")
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    spans = batches()
+    events = [s for s in spans if s["attributes"]["hook.method"] == "on_batch"]
+    audits = [s for s in spans if s["attributes"]["hook.method"] == "on_audit"]
+    assert sum(s["attributes"]["hook.batch_size"] for s in events) == 3
+    assert {s["attributes"]["hook.events"] for s in events} == {"PostToolUse"}
+    assert [s["attributes"]["hook.batch_size"] for s in audits] == [1]
+    for s in spans:  # a trace of its own, never the publisher's
+        assert s["parent_id"] == "" and s["trace_id"] not in ("ab" * 16, "cd" * 16)
+        assert s["attributes"]["hook.replica"] and s["attributes"]["hook.timed_out"] is False
+
+
+def hookbus_run(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args], env={**clean, **env}, cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def test_exporters_and_protocols_hookbus_cannot_send_are_refused() -> None:
+    """Before: OTEL_TRACES_EXPORTER=jaeger or the gRPC protocol were sent as OTLP/HTTP."""
+    cases = [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER=jaeger: HookBus exports "
+         "otlp, console, none (Jaeger takes OTLP: otlp, with its port 4318)"),
+        ({"OTEL_METRICS_EXPORTER": "prometheus"}, "OTEL_METRICS_EXPORTER=prometheus"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+         "needs the package opentelemetry-exporter-otlp-proto-grpc"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318",
+          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, "OTLP protocol 'http/json'"),
+    ]  # fmt: skip
+    for env, said in cases:
+        result = hookbus_run(["demo", "--embedded"], env)
+        assert result.returncode == 2, (env, result.stderr)
+        assert said in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_silent_collector_does_not_hold_up_the_exit(tmp_path: Path) -> None:
+    """A collector that accepts connections and never answers, with the exporters' timeout at
+    60 s: the demo still exits on its own, its last spans dropped (before: the exporters'
+    retries and the span processor's 30 s shutdown held it, about 35 s; with the collector
+    down, 13 s). The subprocess timeout is only there to catch a hang."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(100)  # connections complete in the backlog; nothing is ever read
+        port = silent.getsockname()[1]
+        result = hookbus_run(
+            ["demo", "--embedded"],
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+             "OTEL_EXPORTER_OTLP_TIMEOUT": "60"},
+            timeout=30,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "turn ended" in result.stdout

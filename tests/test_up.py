@@ -25,7 +25,7 @@ import yaml
 from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.settings import BusSettings
-from tests.harness import ROOT, Processes, until, worker_env
+from tests.harness import ROOT, Processes, audit_events, until, worker_env
 from workers.launcher import DEMO, STACK
 from workers.redis_server import free_port
 
@@ -138,7 +138,7 @@ def test_up_runs_the_services_of_the_compose_file() -> None:
     for name, s in services.items():
         if s.get("image") != "hookbus:latest" or "profiles" in s:
             continue
-        user = re.match(r"redis://([\w.-]+):", s["environment"]["HOOKBUS_REDIS_URL"])
+        user = re.match(r"redis://([\w.-]+)@", s["environment"]["HOOKBUS_REDIS_URL"])
         assert user, name
         # A hook service runs as its hook's own user (hook-NAME), the others as their role.
         role = "worker" if user[1].startswith("hook-") else user[1]
@@ -167,6 +167,15 @@ def test_up_demo_once_runs_the_demo_on_a_private_redis_and_stops_everything(
     assert re.search(r"^ready: the coordinator and 4 hooks \(.*\) are live$", output, re.M)
     assert "attached to the running hook services: CancellationHook, SecretGuard" in output
     assert "was cancelled by the user" in output  # the demo's session, blocked by the hook
+    # The rows the audit log service stored for the session (before: "audit log (0 rows)"),
+    # with the secret the demo's config file holds redacted, there and in the database.
+    stored = re.search(r"^audit log \((\d+) rows, secrets redacted\):$", output, re.M)
+    assert stored and int(stored[1]) > 20, output
+    assert "API_KEY=[redacted]" in output.split("audit log (")[1]
+    assert "SESSION_STOP" in output.split("audit log (")[1]
+    previews = [p for (p,) in audit_events(up.logs / "audit.db", "output_preview")]
+    assert any("API_KEY=[redacted]" in p for p in previews)
+    assert not any("sk-live" in p for p in previews)
     assert "the demo agent exited with code 0" in output
     assert "stopped 6 processes\nstopped the private redis-server" in output
     assert {p.name for p in up.logs.glob("*.log")} == {f"{n}.log" for n in SERVICES | {"redis"}}

@@ -6,7 +6,7 @@ deploy/redis/start.sh adds them, from ``HOOKBUS_<USER>_PASSWORD`` or secret file
 * the shared roles — ``coordinator`` (the coordinator service), ``agent`` (trusted agents that
   embed ``HookClient``), ``operator`` (people and monitors);
 * one user ``hook-NAME`` per hook service, whose keys are only the hook's own
-  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k}:*``, key layout 2 of bus/keys.py),
+  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 2 of bus/keys.py),
   plus what every hook needs to answer (RPUSH into ``{p}:inbox:*``), register (SADD its name to
   ``{p}:hooks``), dead-letter (XADD ``{p}:dlq``) and announce itself on ``{p}:control``;
 * one user ``tenant-NAME`` per untrusted tenant: XADD to ``{p}:t:{NAME}:decisions`` and
@@ -28,13 +28,13 @@ The rules are written for the prefix ``hookbus``; another prefix replaces ``hook
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bus.errors import ConfigError
 from bus.hooks import AgentHook, AsyncAgentHook
 from bus.keys import check_name, check_tenant
+from workers.loading import import_target
 
 #: The prefix the rules below are written for.
 P = "hookbus"
@@ -152,24 +152,21 @@ class HookUser:
         return f"hook-{self.name}"
 
 
-def hook_user_of(item: str) -> HookUser:
-    """``MODULE:CLASS`` (read from the class), ``NAME`` (a sync hook) or ``NAME=async``."""
+def hook_user_of(item: str, app_dir: str | None = None) -> HookUser:
+    """``MODULE:CLASS`` (read from the class, imported with ``app_dir`` first on the path, as
+    ``hookbus worker --app-dir`` does), ``NAME`` (a sync hook) or ``NAME=async``."""
     item = item.strip()
     if ":" in item:
-        return _from_class(item)
+        return _from_class(item, app_dir)
     name, _, kind = item.partition("=")
     if kind not in ("", "sync", "async"):
         raise ConfigError(f"hook {item!r}: the kind after '=' must be sync or async")
     return HookUser(check_name("hook name", name), kind or "sync")
 
 
-def _from_class(target: str) -> HookUser:
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} for hook {target!r}: {exc}") from exc
-    obj = getattr(module, attr, None)
+def _from_class(target: str, app_dir: str | None) -> HookUser:
+    # The same import as `hookbus worker`'s, so that a class it serves is one this can name.
+    obj = import_target(target, app_dir)
     cls = obj if isinstance(obj, type) else type(obj)
     if obj is None or not issubclass(cls, AgentHook | AsyncAgentHook):
         raise ConfigError(f"{target} is not an AgentHook or AsyncAgentHook")

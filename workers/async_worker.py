@@ -73,6 +73,7 @@ from bus.redis_io import (
 )
 from bus.retention import Gap, Retention, group_backlogs
 from bus.settings import BusSettings, HookSettings
+from workers.probes import Health
 
 log = logging.getLogger("hookbus.async")
 _failures = RateLimitedLog(log)
@@ -139,6 +140,7 @@ class AsyncHookWorker:
         self._gaps: list[Gap] = []  # settled by a read, not yet recorded (Redis failed)
         self._last_id: dict[str, str] = {}  # the newest id seen per stream, to wait past it
         self.registered = asyncio.Event()
+        self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
         self._busy = asyncio.Lock()  # held while a batch runs (stopping waits for it)
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
@@ -170,6 +172,7 @@ class AsyncHookWorker:
         await write_manifest(self.redis, self.keys, self.group, encode(manifest))
         await self.clock.measure(self.redis, START_SAMPLES)
         await self._heartbeat(measure=False)
+        self.health.beat()
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
@@ -197,6 +200,7 @@ class AsyncHookWorker:
         try:
             await self._read_loop(stop)
         finally:
+            self.health.stopping()
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             async with self._busy:  # a claimed batch in hand finishes too
@@ -332,7 +336,8 @@ class AsyncHookWorker:
         failures: dict[bytes, str] = {}
         if todo:
             if self.hook.handles_batches:
-                why = await self._call(self.hook.on_batch([d for _, d in todo]), None)
+                batch = [d for _, d in todo]
+                why = await self._traced_batch("on_batch", self.hook.on_batch(batch), batch)
                 failures = {entry_id: why for entry_id, _ in todo} if why else {}
             elif telemetry.enabled():  # one span per event
                 reasons = await asyncio.gather(*(self._call_one(d) for _, d in todo))
@@ -357,7 +362,8 @@ class AsyncHookWorker:
         )
         failures: dict[bytes, str] = {}
         if records:
-            why = await self._call(self.hook.on_audit([r for _, r in records]), None)
+            audit = [r for _, r in records]
+            why = await self._traced_batch("on_audit", self.hook.on_audit(audit), audit)
             if why:
                 failures = {entry_id: why for entry_id, _ in records}
             else:
@@ -428,6 +434,29 @@ class AsyncHookWorker:
                     failures[entry_id] = why
         return failures
 
+    async def _traced_batch(self, method: str, coro: Any, batch: Sequence[Any]) -> str | None:
+        """Run one ``on_batch`` or ``on_audit`` call, in a span of its own when tracing: one
+        per batch, linked to the span that published each entry."""
+        if not telemetry.enabled():
+            return await self._call(coro, None)
+        events = sorted({e.value for e in (getattr(x, "event", None) for x in batch) if e})
+        attrs = {
+            "hook.name": self.group,
+            "hook.method": method,
+            "hook.batch_size": len(batch),
+            "hook.events": ",".join(events),
+            "hook.replica": self.replica,
+        }
+        parents = [self._trace.get(x.id, ("", "")) for x in batch]
+        if method == "on_audit":
+            parents = [(r.traceparent, r.tracestate) for r in batch]
+        with telemetry.batch_span(f"hook {self.group}", attrs, parents) as span:
+            why = await self._call(coro, None)
+            span.set_attribute("hook.timed_out", bool(why and why.startswith("timed out")))
+            if why:
+                span.set_status(Status(StatusCode.ERROR, why))
+            return why
+
     async def _call_one(self, delivered: DeliveredEvent) -> str | None:
         method = getattr(self.hook, ASYNC_METHODS[delivered.event])
         if not telemetry.enabled():
@@ -495,6 +524,7 @@ class AsyncHookWorker:
                         stop.set()
                         return
                     last_beat = time.monotonic()
+                    self.health.beat()
                 for stream in self.streams:
                     await self._keep(stream)
                     if not self._claimed:  # one claimed batch waiting is enough

@@ -4,13 +4,14 @@
 file (default ``hookbus-audit.db``) or a ``postgresql://`` URL. Rows go to table
 ``agent_audit_events`` keyed by the event id, so a redelivered event (at-least-once delivery)
 never adds a second row. Batches are written in one transaction and acknowledged after it.
+With ``redact`` (``--set redact=true``, or a list of patterns: workers/redaction.py), secrets
+in the previews and details are replaced with ``[redacted]`` before they are stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -18,8 +19,14 @@ from typing import Any
 from bus import AsyncAgentHook
 from bus.hooks import DeliveredEvent
 from bus.protocol import AuditRecord
+from bus.settings import env_value
+from workers.redaction import Redaction
+
+NO_REDACTION = Redaction(False)
 
 PREVIEW_CHARS = 200
+#: Where the audit log goes when neither the constructor nor HOOKBUS_AUDIT_DB says.
+DEFAULT_AUDIT_DB = "hookbus-audit.db"
 COLUMNS = ("event_id", "event", "session_id", "tool_name", "status", "output_preview", "ts")
 SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_audit_events (
@@ -29,7 +36,7 @@ CREATE TABLE IF NOT EXISTS agent_audit_events (
 POSTGRES_SCHEMA = SQLITE_SCHEMA.replace("TEXT PRIMARY KEY", "TEXT PRIMARY KEY")
 
 
-def audit_row(d: DeliveredEvent) -> tuple[str, ...]:
+def audit_row(d: DeliveredEvent, redact: Redaction = NO_REDACTION) -> tuple[str, ...]:
     """The audit row of one event."""
     ctx = d.context
     session = getattr(ctx, "session_id", None) or getattr(ctx, "parent_session_id", "")
@@ -43,10 +50,10 @@ def audit_row(d: DeliveredEvent) -> tuple[str, ...]:
     else:
         status, preview = d.event.value, ""
     when = dt.datetime.fromtimestamp(d.ts / 1000, dt.UTC).isoformat()
-    return (d.id, d.event.value, session, tool, status, preview[:PREVIEW_CHARS], when)
+    return (d.id, d.event.value, session, tool, status, redact(preview)[:PREVIEW_CHARS], when)
 
 
-def audit_record_row(r: AuditRecord) -> tuple[str, ...]:
+def audit_record_row(r: AuditRecord, redact: Redaction = NO_REDACTION) -> tuple[str, ...]:
     """The audit row of one audit-trail record: an answer not applied, a break-glass, a tenant
     added or removed, a stream repaired."""
     if r.kind == "breakglass":
@@ -60,7 +67,7 @@ def audit_record_row(r: AuditRecord) -> tuple[str, ...]:
             detail += f" [break-glass: {r.breakglass}]"
     when = dt.datetime.fromtimestamp(r.ts / 1000, dt.UTC).isoformat()
     event = r.event.value if r.event is not None else ""
-    return (r.id, event, r.session_id, r.tool_name, status, detail[:PREVIEW_CHARS], when)
+    return (r.id, event, r.session_id, r.tool_name, status, redact(detail)[:PREVIEW_CHARS], when)
 
 
 class AsyncAuditLogHook(AsyncAgentHook):
@@ -71,17 +78,18 @@ class AsyncAuditLogHook(AsyncAgentHook):
     handles_batches = True
     follows_audit_trail = True
 
-    def __init__(self, target: str | None = None) -> None:
-        self.target = target or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db"
+    def __init__(self, target: str | None = None, redact: bool | list[str] = False) -> None:
+        self.target = target or env_value("HOOKBUS_AUDIT_DB") or DEFAULT_AUDIT_DB
+        self.redact = Redaction(redact)
         self.postgres = self.target.startswith(("postgresql://", "postgres://"))
         self._pool: Any = None
         self._lock = asyncio.Lock()
 
     async def on_batch(self, batch: Sequence[DeliveredEvent]) -> None:
-        await self._write([audit_row(d) for d in batch])
+        await self._write([audit_row(d, self.redact) for d in batch])
 
     async def on_audit(self, records: Sequence[AuditRecord]) -> None:
-        await self._write([audit_record_row(r) for r in records])
+        await self._write([audit_record_row(r, self.redact) for r in records])
 
     async def _write(self, rows: list[tuple[str, ...]]) -> None:
         if self.postgres:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -47,6 +46,9 @@ from bus.actions import PostToolUseAction, PreToolUseAction, ShadowedAnswer
 from bus.breakglass import BreakGlass
 from bus.errors import LimitError
 from bus.events import HookContext, session_of, tool_of
+from bus.settings import env_value
+from workers.audit import DEFAULT_AUDIT_DB
+from workers.redaction import Redaction
 
 __all__ = [
     "AUDIT_PREVIEW_CHARS",
@@ -279,13 +281,17 @@ class AuditLogHook(AgentHook):
         db_path: the SQLite database file; when omitted (a hook service started with
             ``hookbus worker workers.builtins:AuditLogHook``), ``$HOOKBUS_AUDIT_DB`` or
             ``hookbus-audit.db``.
+        redact: replace secrets in previews and details with ``[redacted]`` before they are
+            stored: True for the common shapes, or a list of regular expressions
+            (workers/redaction.py). The hook sees tool output as the tool produced it.
     """
 
     name = "AuditLogHook"
     subscribed_events = (HookEvent.POST_TOOL_USE, HookEvent.ON_SESSION_STOP)
 
-    def __init__(self, db_path: str | Path | None = None) -> None:
-        self.db_path = Path(db_path or os.environ.get("HOOKBUS_AUDIT_DB") or "hookbus-audit.db")
+    def __init__(self, db_path: str | Path | None = None, redact: bool | list[str] = False) -> None:
+        self.db_path = Path(db_path or env_value("HOOKBUS_AUDIT_DB") or DEFAULT_AUDIT_DB)
+        self.redact = Redaction(redact)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hookbus-audit")
         self._pending: set[Future[None]] = set()
         self._lock = threading.Lock()
@@ -374,7 +380,7 @@ class AuditLogHook(AgentHook):
                 HookEvent.POST_TOOL_USE.value,
                 ctx.tool_name,
                 "FAIL" if ctx.is_error else "OK",
-                ctx.output_content[:AUDIT_PREVIEW_CHARS],
+                self.redact(ctx.output_content)[:AUDIT_PREVIEW_CHARS],
                 ctx.step,
                 _utc_now(),
             )
@@ -412,7 +418,10 @@ class AuditLogHook(AgentHook):
         detail = f"{answer.hook_name}: {answer.detail}"
         if breakglass:
             detail += f" [break-glass: {breakglass}]"
-        row = (session_id, event, tool_name, answer.mode.upper(), detail[:AUDIT_PREVIEW_CHARS], 0)
+        row = (
+            session_id, event, tool_name, answer.mode.upper(),
+            self.redact(detail)[:AUDIT_PREVIEW_CHARS], 0,
+        )  # fmt: skip
         self._submit((*row, _utc_now()))
 
     def record_refused(
@@ -427,7 +436,9 @@ class AuditLogHook(AgentHook):
         until = dt.datetime.fromtimestamp(glass.until_ms / 1000, dt.UTC).isoformat()
         detail = f"{glass.by}: {glass.reason} (until {until})"
         status = "BREAKGLASS_ON" if on else "BREAKGLASS_OFF"
-        self._submit(("", "", None, status, detail[:AUDIT_PREVIEW_CHARS], 0, _utc_now()))
+        self._submit(
+            ("", "", None, status, self.redact(detail)[:AUDIT_PREVIEW_CHARS], 0, _utc_now())
+        )
 
     async def flush(self) -> None:
         """Wait until every write submitted so far (and any submitted meanwhile) is done.
@@ -532,6 +543,8 @@ def with_builtins(
     cancelled: set[str],
     metrics: MetricsData,
     settings: HookSettings | None = None,
+    *,
+    redact: bool | list[str] = False,
 ) -> BuiltinRegistry:
     """The specification's ``HookRegistry::with_builtins(db, cancelled, metrics)``.
 
@@ -540,12 +553,13 @@ def with_builtins(
         cancelled: the runtime's set of cancelled session ids (shared, not copied).
         metrics: the runtime's ``MetricsData`` (shared, not copied).
         settings: dispatch settings; read from the environment when omitted.
+        redact: the AuditLogHook's ``redact``.
 
     Returns:
         A registry (a ``HookRegistry``) with CancellationHook, MetricsHook and AuditLogHook
         added. Call its ``close()`` when done to close the audit database.
     """
-    audit = AuditLogHook(db_path)
+    audit = AuditLogHook(db_path, redact)
     try:
         return BuiltinRegistry(CancellationHook(cancelled), MetricsHook(metrics), audit, settings)
     except BaseException:

@@ -57,6 +57,7 @@ from bus.redis_io import (
 )
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
+from workers.probes import Health
 from workers.worker import REPLY_TTL_MS
 
 log = logging.getLogger("hookbus.coordinator.service")
@@ -242,6 +243,7 @@ class CoordinatorService:
         # burst of requests, poison ones above all, must not exhaust the connection pool.
         self._io = asyncio.Semaphore(IO_SLOTS)
         self.ready = asyncio.Event()
+        self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
 
     @property
     def sources(self) -> list[Source]:
@@ -255,6 +257,7 @@ class CoordinatorService:
             with contextlib.suppress(*UNREACHABLE):
                 await self._serve_tenants(stop)
             await self._beat()
+            self.health.beat()
             self.ready.set()
             log.info(
                 "coordinator %s answering %s",
@@ -268,6 +271,7 @@ class CoordinatorService:
                 keeper.cancel()
                 await asyncio.gather(*self._readers.values(), return_exceptions=True)
         finally:
+            self.health.stopping()
             tasks = [t for flights in self._in_flight.values() for t in flights.values()]
             tasks += [t for t in self._retired if not t.done()]
             if tasks:
@@ -368,6 +372,7 @@ class CoordinatorService:
             if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
                 try:
                     await self._beat()
+                    self.health.beat()
                     last_beat = time.monotonic()
                 except UNREACHABLE as exc:
                     log.debug("heartbeat failed: %s", exc)

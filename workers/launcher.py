@@ -41,8 +41,8 @@ from bus.keys import COORDINATORS_GROUP, Keys
 from bus.protocol import now_ms
 from bus.redis_io import connect
 from bus.settings import BusSettings
+from workers.loading import load_hook
 from workers.redis_server import RedisServer
-from workers.worker import load_hook
 
 #: The Redis user each kind of process runs as (deploy/redis/users.acl); "operator" is the one
 #: this launcher uses to tell when the others are ready. A hook service runs as its own user,
@@ -71,7 +71,11 @@ class Service:
 STACK = (
     Service("coordinator", "coordinator", ("coordinator",)),
     Service("cancellation", "worker", ("worker", "workers.cancellation:RedisCancellationHook")),
-    Service("audit-log", "worker", ("worker", "workers.audit:AsyncAuditLogHook", "--from", "0")),
+    Service(
+        "audit-log",
+        "worker",
+        ("worker", "workers.audit:AsyncAuditLogHook", "--from", "0", "--set", "redact=true"),
+    ),
     Service("metrics", "worker", ("worker", "workers.metrics:AsyncMetricsHook", "--from", "0")),
     Service("secret-guard", "worker", ("worker", "workers.demo_hooks:SecretGuard"), replicas=2),
 )

@@ -33,7 +33,7 @@ from bus.coordinator import AUDIT_MAXLEN
 from bus.directory import read_manifests
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.hooks import MODES
-from bus.keys import WORKERS_GROUP, Keys, check_name, check_tenant
+from bus.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name, check_tenant
 from bus.protocol import (
     DATA_FIELD,
     PROTOCOL_VERSION,
@@ -313,8 +313,9 @@ async def consumer_lag(
         except HookBusError:
             continue
         if kind == "sync":
-            for shard in range(max(1, decode(value, HookManifest).shards)):
-                stream = keys.requests(name, shard)
+            shards = min(max(1, decode(value, HookManifest).shards), MAX_SHARDS)
+            for shard in range(shards):
+                stream = keys.requests(name, shard, shards)
                 rows = await _stream_lag(redis, keys, stream, requests_maxlen, now)
                 out.extend(r for r in rows if r.group == WORKERS_GROUP)
         else:

@@ -8,8 +8,11 @@ test against a real worker process on a private Redis.
     result = await dispatch(MyHook(), "PreToolUse", tool_args={"path": ".env"})
     assert result.is_blocked                                 # tool_name defaults to file_read
 
-    async with served("my_hooks:MyHook") as hooks:          # redis-server + `hookbus worker`
+    async with served("my_hooks:MyHook", "my_hooks:Audit --set table=t") as hooks:
+        # a private redis-server and one `hookbus worker` per target, each of them live
         result = await hooks.run_pre_tool_use(context("PreToolUse", tool_name="file_read"))
+
+``wait_for_hooks(client, "MyHook", ...)`` waits for hook services a test started itself.
 """
 
 from __future__ import annotations
@@ -17,16 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
+import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from agent_adapter.client import HookClient
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import AgentHook
 from bus.registry import HookRegistry
-from bus.runner import EventRunner
 from bus.settings import HookSettings
 
 #: Values used for a context's required fields when a test does not give them.
@@ -63,44 +71,121 @@ async def dispatch(
     return result
 
 
+#: One hook service for ``served``: the arguments of ``hookbus worker``, as one string
+#: (``"my_hooks:Guard --set limit=3"``, split like a shell line) or a list.
+Target = str | Sequence[str]
+
+
 @contextlib.asynccontextmanager
 async def served(
-    target: str, *, redis_url: str | None = None, prefix: str | None = None, timeout: float = 30
-) -> AsyncIterator[EventRunner]:
-    """Serve ``package.module:HookClass`` with ``hookbus worker`` and yield a HookClient.
+    *targets: Target,
+    redis_url: str | None = None,
+    prefix: str | None = None,
+    timeout: float = 30,
+    cwd: str | os.PathLike[str] | None = None,
+) -> AsyncIterator[HookClient]:
+    """Serve each target with its own ``hookbus worker`` process and yield a HookClient, once
+    every one of them is live.
 
-    Starts a private ``redis-server`` unless ``redis_url`` is given. The worker runs in its own
-    process, exactly as deployed: this is the contract test of a hook service.
+    Each target is what follows ``hookbus worker``: ``"my_hooks:MyHook"``, or with options,
+    ``"my_hooks:MyHook --set limit=3"``. The workers run in ``cwd`` (default: the current
+    directory), which is where they import from (``--app-dir``). Starts a private
+    ``redis-server`` unless ``redis_url`` is given. Each worker runs in its own process,
+    exactly as deployed: this is the contract test of a hook service. A worker that exits, or
+    is not live within ``timeout`` seconds, fails with its log.
     """
-    from agent_adapter.client import HookClient
     from bus.settings import BusSettings
     from workers.redis_server import RedisServer, stop_process
 
+    if not targets:
+        raise ValueError("served() needs at least one target (package.module:HookClass)")
+    argvs = [shlex.split(t) if isinstance(t, str) else list(t) for t in targets]
     server = None if redis_url else RedisServer().start()
     url = redis_url or server.url  # type: ignore[union-attr]
     settings = BusSettings(redis_url=url, prefix=prefix or f"test{os.getpid()}", refresh_secs=0.2)
     env = {**os.environ, "HOOKBUS_REDIS_URL": url, "HOOKBUS_PREFIX": settings.prefix}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "worker", target],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    logs = tempfile.TemporaryDirectory(prefix="hookbus-served-")
+    workers: list[Worker] = []
     client = HookClient(settings, HookSettings(hook_timeout_secs=10))
     try:
+        for i, argv in enumerate(argvs):
+            log = Path(logs.name) / f"worker-{i}.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "workers.cli", "worker", *argv],
+                    env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                )  # fmt: skip
+            workers.append(Worker(" ".join(argv), proc, log))
         await client.start()
-        name = target.rpartition(":")[2]
-        deadline = time.monotonic() + timeout
-        while not any(client.directory.live(n) for n in client.directory.by_name):
-            if worker.poll() is not None or time.monotonic() > deadline:
-                error = worker.stderr.read().decode() if worker.stderr else ""
-                raise RuntimeError(f"hook service {name} did not start: {error[-1000:]}")
-            await asyncio.sleep(0.02)
+        names = await _own_hooks(client, workers, timeout)
+        await wait_for_hooks(client, *names, timeout=timeout)
         yield client
     finally:
         await client.close()
-        stop_process(worker, grace=15)
-        if worker.stderr:
-            worker.stderr.close()
+        for worker in workers:
+            stop_process(worker.proc, grace=15)
+        logs.cleanup()
         if server is not None:
             server.close()
+
+
+@dataclass
+class Worker:
+    """One ``hookbus worker`` process ``served`` started."""
+
+    target: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def failed(self) -> str:
+        tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+        return f"hook service `hookbus worker {self.target}` did not start: {tail}"
+
+
+async def _own_hooks(client: HookClient, workers: Sequence[Worker], timeout: float) -> list[str]:
+    """The hook name each worker process registered under: the hook whose replicas hold one
+    with the process's id (``HOST-PID-…``), whatever the hook calls itself."""
+    host = socket.gethostname()
+    found: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while len(found) < len(workers):
+        for worker in workers:
+            if worker.proc.poll() is not None:
+                raise RuntimeError(worker.failed())
+        names = {*client.directory.by_name, *client.directory.async_hooks}
+        for name in names:
+            members: Any = await client.redis.zrange(client.keys.replicas(name), 0, -1)
+            for member in members:
+                text = member.decode() if isinstance(member, bytes) else str(member)
+                for worker in workers:
+                    if text.startswith(f"{host}-{worker.proc.pid}-"):
+                        found[worker.proc.pid] = name
+        if time.monotonic() > deadline:
+            waiting = [w for w in workers if w.proc.pid not in found]
+            raise RuntimeError(f"not registered after {timeout:g}s: " + waiting[0].failed())
+        await asyncio.sleep(0.05)
+    return list(dict.fromkeys(found[w.proc.pid] for w in workers))
+
+
+async def wait_for_hooks(client: HookClient, *names: str, timeout: float = 30) -> None:
+    """Wait until ``client`` sees each named hook service live: a sync hook in its directory
+    with a live replica, an async hook registered with a replica whose heartbeat is within
+    the liveness time. For tests that start ``hookbus worker`` processes themselves."""
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = [n for n in names if not await _live(client, n)]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"hooks not live after {timeout:g}s: {', '.join(waiting)}")
+        await asyncio.sleep(0.05)
+
+
+async def _live(client: HookClient, name: str) -> bool:
+    if client.directory.live(name):
+        return True
+    if name not in client.directory.async_hooks:
+        return False
+    since = client.directory.clock.now_ms() - int(client.bus.liveness_secs * 1000)
+    live: Any = await client.redis.zrange(client.keys.replicas(name), since, "+inf", byscore=True)
+    return bool(live)

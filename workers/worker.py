@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import socket
@@ -36,7 +35,7 @@ from bus.directory import write_manifest
 from bus.dispatch import eager
 from bus.errors import ConfigError, LimitError, ProtocolError
 from bus.events import tool_of
-from bus.hooks import SYNC_METHODS, AgentHook, AsyncAgentHook, spec_of
+from bus.hooks import SYNC_METHODS, AgentHook, spec_of
 from bus.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
@@ -66,28 +65,12 @@ from bus.redis_io import (
     retire_replica,
 )
 from bus.settings import BusSettings
+from workers.loading import load_hook as load_hook  # where callers have found it
+from workers.probes import Health
 
 log = logging.getLogger("hookbus.worker")
 _failures = RateLimitedLog(log)
 REPLY_TTL_MS = 60_000
-
-
-def load_hook(target: str) -> Any:
-    """Import ``package.module:Name`` and return an instance of the hook it names."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"hook {target!r} must look like package.module:HookClass")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} for hook {target!r}: {exc}") from exc
-    obj = getattr(module, attr, None)
-    if obj is None:
-        raise ConfigError(f"module {module_name!r} has no {attr!r}")
-    hook = obj() if isinstance(obj, type) else obj
-    if not isinstance(hook, AgentHook | AsyncAgentHook):
-        raise ConfigError(f"{target} is not an AgentHook or AsyncAgentHook")
-    return hook
 
 
 class _Head(msgspec.Struct):
@@ -127,7 +110,7 @@ class HookWorker:
             raise ConfigError(f"shard {shard} of {shards}: shards must be 1-{MAX_SHARDS}")
         self.shards = shards
         self.owns_hook = owns_hook  # the lane that closes the hook when the service stops
-        self.stream = self.keys.requests(self.spec.name, shard)
+        self.stream = self.keys.requests(self.spec.name, shard, shards)
         self.scope = scope
         lane = f"#{shard}" if shards > 1 else ""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
@@ -141,6 +124,7 @@ class HookWorker:
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.manifest = b""
+        self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
 
     # -- registration ------------------------------------------------------------------------
 
@@ -160,6 +144,7 @@ class HookWorker:
         async with self.redis.pipeline(transaction=False) as pipe:
             self._beat(pipe)
             await pipe.execute()
+        self.health.beat()
         await self._announce("manifest")
         self.registered.set()
         log.info("hook %s replica %s serving %s", self.spec.name, self.replica, self.stream)
@@ -189,6 +174,7 @@ class HookWorker:
         try:
             await self._read_loop(stop)
         finally:
+            self.health.stopping()
             if tasks := [t for t in self._in_flight.values() if t is not None]:
                 await asyncio.wait(tasks, timeout=30)
             keeper.cancel()
@@ -440,6 +426,7 @@ class HookWorker:
                         stop.set()
                         return
                     last_beat = time.monotonic()
+                    self.health.beat()
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
                     self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms,

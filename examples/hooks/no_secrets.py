@@ -10,9 +10,12 @@ class NoSecrets(AgentHook):
     failure_policy = "fail"  # ...unless we say so: then an unanswered call is blocked
     enforcement = "enforce"  # roll out with "dryrun", then "warn"
 
+    def __init__(self, suffixes=(".env", ".pem")):  # hookbus worker --set suffixes=[...]
+        self.suffixes = tuple(suffixes)
+
     async def pre_tool_use(self, ctx):
         path = str(ctx.tool_args.get("path", ""))
-        if path.endswith((".env", ".pem")) or "/secrets/" in path:
+        if path.endswith(self.suffixes) or "/secrets/" in path:
             return Block(reason=f"{path} holds secrets; ask a person for what you need")
         command = str(ctx.tool_args.get("command", ""))
         if "--env=prod" in command:

@@ -26,7 +26,7 @@ from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings
 from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms
-from bus.redis_io import connect, xadd_batch
+from bus.redis_io import close, connect, xadd_batch
 from bus.settings import BusSettings
 from tests.chaos.conftest import Ledger
 from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
@@ -39,9 +39,12 @@ pytestmark = pytest.mark.timeout(300)
 BEFORE, AFTER = 2.0, 2.0  # seconds of load before the kill, and after the promotion
 
 
-async def publish_until(settings: BusSettings, stop: asyncio.Event, acked: dict[str, float]) -> int:
+async def publish_until(
+    settings: BusSettings, stop: asyncio.Event, acked: dict[str, float], refusals: list[float]
+) -> int:
     """XADD events in batches of 8 until ``stop``; ``acked`` gets each acknowledged event's id
-    and when. Returns how many were refused (the publisher knows those were not stored)."""
+    and when, ``refusals`` when each refused one was refused. Returns how many were refused
+    (the publisher knows those were not stored)."""
     redis = connect(settings)
     keys = Keys(settings.prefix)
     encoded = msgspec.Raw(msgspec.json.encode(context(HookEvent.ON_STEP_COMPLETE)))
@@ -67,15 +70,22 @@ async def publish_until(settings: BusSettings, stop: asyncio.Event, acked: dict[
             for message, result in zip(messages, results, strict=True):
                 if isinstance(result, Exception):
                     refused += 1
+                    refusals.append(time.monotonic())
                 else:
                     acked[message.id] = time.monotonic()
             if any(isinstance(r, Exception) for r in results):
                 await asyncio.sleep(0.01)
     finally:
-        await redis.aclose()
+        await close(redis)
     return refused
 
 
+# After a master dies, redis-py's cluster client rebuilds its node map and leaves the dropped
+# nodes' connections to the garbage collector (bus/redis_io.py closes those its own refresh
+# drops; redis-py's internal refreshes it cannot reach). Those unclosed sockets to the dead
+# master are what this test's fault leaves behind, not a leak of HookBus's: not errors here.
+@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("durable", [0, 1], ids=["async-replication", "durable"])
 async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
     durable: int, procs: Processes, ledger: Ledger, tmp_path: Path
@@ -93,19 +103,21 @@ async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
         keys = Keys(settings.prefix)
         services = Services(procs, settings, tmp_path)
         acked: dict[str, float] = {}
+        refusals: list[float] = []
         async with HookClient(settings, HookSettings(hook_timeout_secs=GUARD_TIMEOUT)) as client:
             await wait_live(client, "Guard", replicas=2)
             await wait_for(lambda: "Ledger" in client.directory.async_hooks, what="Ledger")
             load = GuardedAgents(client)
             stop = asyncio.Event()
             agents = asyncio.create_task(load.run(4, stop))
-            publishing = asyncio.create_task(publish_until(settings, stop, acked))
+            publishing = asyncio.create_task(publish_until(settings, stop, acked, refusals))
             await asyncio.sleep(BEFORE)  # load before the kill (a duration, not a synchronisation)
             victim = client.redis.get_node_from_key(keys.event_partitions[0]).port  # type: ignore[attr-defined]
             cluster.kill_master(victim)
             killed_at = time.monotonic()
             await asyncio.to_thread(cluster.wait_promoted, victim)
-            promoted_after = time.monotonic() - killed_at
+            promoted_at = time.monotonic()
+            promoted_after = promoted_at - killed_at
             blocked_in_window = load.outcomes[load.BLOCKED]
             checked = load.outcomes["checked"]
             await wait_for(lambda: load.outcomes["checked"] > checked + 50, 60,
@@ -124,6 +136,9 @@ async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
         mode="durable (WAIT 1)" if durable else "asynchronous replication",
         **{"promotion took (s)": f"{promoted_after:.1f}"},
         **{"events acknowledged": len(acked), "refused during failover": refused},
+        # Durable mode: the promoted master has no replica left, so WAIT 1 fails until one is
+        # back (a replica restarted, or migrated from a master that has two).
+        **{"refused after the promotion": sum(t > promoted_at for t in refusals)},
         **{"acknowledged then lost": len(lost)},
         **{"blocked while failing over": blocked_in_window},
         **async_figures,

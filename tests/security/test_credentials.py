@@ -20,7 +20,7 @@ from tests.security.conftest import KEYS, AclServer, Attacker
 
 MAX_ID = "18446744073709551615-18446744073709551615"
 EVENTS, DECISIONS = KEYS.event_partitions[0], KEYS.decision_partitions[0]
-GUARD_REQUESTS, GUARD_SHARD = KEYS.requests("Guard"), KEYS.requests("Guard", 1)
+GUARD_REQUESTS, GUARD_SHARD = KEYS.requests("Guard"), KEYS.requests("Guard", 1, 2)
 CANCEL_REQUESTS = KEYS.requests("CancellationHook")
 BETA_STREAM, BETA_INBOX = KEYS.tenant_decisions("beta"), KEYS.tenant_inbox("beta", "c1")
 ACME_STREAM, ACME_INBOX = KEYS.tenant_decisions("acme"), KEYS.tenant_inbox("acme", "c1")
@@ -210,7 +210,7 @@ def test_a_hook_credential_reaches_nothing_of_another_hook(acl: AclServer, attac
     r = rogue.redis
     assert r.set(KEYS.manifest("Rogue"), "{}") and r.sadd(KEYS.hooks, "Rogue") == 1
     r.xgroup_create(KEYS.requests("Rogue"), "workers", id="0", mkstream=True)
-    r.xgroup_create(KEYS.requests("Rogue", 3), "workers", id="0", mkstream=True)
+    r.xgroup_create(KEYS.requests("Rogue", 3, 4), "workers", id="0", mkstream=True)
     assert r.zadd(KEYS.replicas("Rogue"), {"h-1-ab": 1}) == 1
     assert r.rpush(KEYS.inbox("c1"), "{}") == 1 and r.xadd(KEYS.dlq, {"data": "x"})
     assert r.publish(KEYS.control, '{"type":"manifest","name":"Rogue"}') == 0

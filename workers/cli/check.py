@@ -15,8 +15,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bus.errors import ConfigError
 from bus.settings import BusSettings
-from workers.cli.common import add_redis_options, plural, redacted, settings_of, text
+from workers.cli.common import (
+    add_redis_options,
+    hook_config,
+    plural,
+    redacted,
+    settings_of,
+    text,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -134,9 +142,12 @@ def run_check(args: argparse.Namespace, probe: Probe) -> int:
 
 def worker_check(args: argparse.Namespace) -> int:
     from bus.hooks import spec_of
-    from workers.worker import load_hook
+    from workers.loading import load_hook
 
-    name = spec_of(load_hook(args.hook)).name
+    try:
+        name = spec_of(load_hook(args.hook, app_dir=args.app_dir, config=hook_config(args))).name
+    except ConfigError as exc:  # a check says it in one line (the hint's lines joined)
+        raise ConfigError(" ".join(line.strip() for line in str(exc).splitlines())) from exc
     host = socket.gethostname() if args.here else None
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from bus.keys import Keys
+    from workers.probes import Health
 
 T = TypeVar("T")
 
@@ -32,8 +33,14 @@ def settings_of(args: argparse.Namespace) -> BusSettings:
     return settings
 
 
-def serve(main: Callable[[asyncio.Event], Awaitable[None]], role: str) -> int:
-    """Run a service until SIGTERM or Ctrl-C, then let it shut down cleanly."""
+def serve(
+    main: Callable[[asyncio.Event], Awaitable[None]],
+    role: str,
+    health: Health | None = None,
+    health_port: int = 0,
+) -> int:
+    """Run a service until SIGTERM or Ctrl-C, then let it shut down cleanly; with a
+    ``health_port``, answer ``/livez`` and ``/readyz`` from ``health`` there meanwhile."""
     from bus import telemetry
 
     telemetry.configure(role)
@@ -43,7 +50,19 @@ def serve(main: Callable[[asyncio.Event], Awaitable[None]], role: str) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+        probes = None
+        if health is not None and health_port:
+            from workers.probes import start_probes
+
+            try:
+                probes = await start_probes(health, health_port)
+            except OSError as exc:
+                raise UsageError(f"HOOKBUS_HEALTH_PORT={health_port}: {exc.strerror}") from exc
+        try:
+            await main(stop)
+        finally:
+            if probes is not None:
+                probes.close()
 
     try:
         asyncio.run(runner())
@@ -100,6 +119,8 @@ class UsageError(HookBusError):
 def redacted(url: str) -> str:
     """The URL without its password."""
     parts = urllib.parse.urlsplit(url)
+    if "password=" in parts.query:  # unix:///path?password=… (bus.settings.with_password)
+        url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
     if parts.password is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]
@@ -113,3 +134,10 @@ def redis_url(args: argparse.Namespace) -> str:
         return redacted(settings_of(args).redis_url)
     except HookBusError:
         return "?"
+
+
+def hook_config(args: argparse.Namespace) -> dict[str, object]:
+    """The hook's constructor arguments from ``--config FILE`` and ``--set NAME=VALUE``."""
+    from workers.loading import parse_config
+
+    return parse_config(getattr(args, "set_values", None) or (), getattr(args, "config", None))

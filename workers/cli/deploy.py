@@ -12,7 +12,7 @@ from workers.cli.common import UsageError
 def _acl(args: argparse.Namespace) -> int:
     from workers.acl import P, hook_user_of, render, split_list
 
-    hooks = [hook_user_of(h) for h in split_list(args.hooks)]
+    hooks = [hook_user_of(h, args.app_dir) for h in split_list(args.hooks)]
     tenants = split_list(args.tenants)
     if not hooks:
         raise UsageError("--hooks: name at least one hook service (MODULE:CLASS or NAME)")
@@ -48,5 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     acl.add_argument("--tenants", default="", metavar="T,T", help="the untrusted tenants")
     acl.add_argument("--prefix", default="hookbus", help="the key prefix (hookbus)")
+    acl.add_argument(
+        "--app-dir", default=".", metavar="DIR",
+        help="import MODULE from this directory first (default: the current directory), as "
+        "`hookbus worker` does",
+    )  # fmt: skip
     acl.add_argument("-o", "--output", metavar="FILE", help="write it there, not to stdout")
     acl.set_defaults(func=_acl)

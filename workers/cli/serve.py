@@ -10,7 +10,7 @@ import sys
 from bus.keys import MAX_SHARDS
 from bus.settings import HookSettings
 from workers.cli.check import add_check_options, coordinator_check, worker_check
-from workers.cli.common import UsageError, add_redis_options, serve, settings_of
+from workers.cli.common import UsageError, add_redis_options, hook_config, serve, settings_of
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -24,10 +24,11 @@ def _worker(args: argparse.Namespace) -> int:
         return worker_check(args)
     from bus.hooks import AsyncAgentHook
     from workers.async_worker import AsyncHookWorker
+    from workers.loading import load_hook
     from workers.replay import parse_position
-    from workers.worker import HookWorker, load_hook
+    from workers.worker import HookWorker
 
-    hook = load_hook(args.hook)
+    hook = load_hook(args.hook, app_dir=args.app_dir, config=hook_config(args))
     if isinstance(hook, AsyncAgentHook):
         service: HookWorker | AsyncHookWorker = AsyncHookWorker(
             hook,
@@ -37,7 +38,7 @@ def _worker(args: argparse.Namespace) -> int:
             batch_size=args.batch,
             max_deliveries=args.max_deliveries,
         )
-        return serve(service.run, "worker")
+        return serve(service.run, "worker", service.health, service.settings.health_port)
     settings = settings_of(args)
     if not 1 <= args.shards <= MAX_SHARDS:
         raise UsageError(f"--shards must be 1-{MAX_SHARDS}")
@@ -49,7 +50,8 @@ def _worker(args: argparse.Namespace) -> int:
     async def run_lanes(stop: asyncio.Event) -> None:
         await asyncio.gather(*(lane.run(stop) for lane in lanes))
 
-    return serve(run_lanes, "worker")
+    # The probes follow the first lane: every lane shares the process and its Redis.
+    return serve(run_lanes, "worker", lanes[0].health, settings.health_port)
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -57,7 +59,8 @@ def _coordinator(args: argparse.Namespace) -> int:
         return coordinator_check(args)
     from workers.coordinator_service import CoordinatorService
 
-    return serve(CoordinatorService(settings_of(args)).run, "coordinator")
+    service = CoordinatorService(settings_of(args))
+    return serve(service.run, "coordinator", service.health, service.settings.health_port)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -95,6 +98,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="N",
         help="a sync hook's requests spread over N streams (a hot hook on a Redis Cluster); "
         "every replica serves all N, and every replica must be given the same N",
+    )
+    worker.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="import MODULE from this directory first (default: the current directory)",
+    )
+    worker.add_argument(
+        "--set",
+        dest="set_values",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword argument for the hook class's constructor (repeatable); VALUE is read as "
+        'JSON when it is JSON (3, true, ["a"], {"k": 1}), else as a string',
+    )
+    worker.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a JSON object of keyword arguments for the hook class's constructor (--set wins)",
     )
     worker.add_argument(
         "--scope",

@@ -1,0 +1,302 @@
+"""The bus on a Redis Cluster with HOOKBUS_PARTITIONS > 1 (key layout 2, bus/keys.py).
+
+Against the session's private cluster (3 masters, 3 replicas; ``redis_cluster`` in conftest.py),
+with 6 partitions:
+
+* the events of one session land in one partition, in order, and the partitions and a hook's
+  request shards are spread over every master;
+* an async hook with 2 replicas consumes every partition: every event of every partition is
+  handled exactly once, and nothing stays pending;
+* a sync hook served with ``--shards 3`` answers sessions of every shard;
+* the operator commands (``hookbus hooks list``, ``lag``, ``metrics``, ``events tail``) see the
+  whole cluster: every partition and every shard, wherever its master is;
+* the stream reads and blocking pops of every role go straight to the key's master, never
+  through an extra ``COMMAND GETKEYS`` (bus/redis_io.py ClusterClient).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from agent_adapter.client import HookClient
+from bus import HookEvent, HookSettings, MutateInput
+from bus.events import PostToolUseContext, PreToolUseContext, StepCompleteContext
+from bus.keys import Keys, partition_tag, shard_tag
+from bus.redis_io import connect
+from bus.settings import BusSettings
+from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
+from tests.remote_hooks import AsyncConfig, HookConfig
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+PARTITIONS = 6
+SHARDS = 3
+PRE = HookEvent.PRE_TOOL_USE
+
+
+def slot_range(slot: int, parts: int) -> int:
+    """Which of ``parts`` equal slot ranges ``slot`` lies in."""
+    return next(i for i in range(parts) if slot < (i + 1) * REDIS_CLUSTER_HASH_SLOTS // parts)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 6, 16, 64])
+def test_partition_and_shard_tags_fall_in_distinct_equal_slot_ranges(parts: int) -> None:
+    tags = [partition_tag("e", i, parts) for i in range(parts)]
+    assert [slot_range(key_slot(t.encode()), parts) for t in tags] == list(range(parts))
+    for hook in ("Guard", "SecretGuard", "bench-cluster-noop", "a"):
+        shards = [shard_tag(hook, k, parts) for k in range(parts)]
+        assert shards[0] == hook  # shard 0 keeps the hook's own tag (its other keys' slot)
+        assert sorted(slot_range(key_slot(t.encode()), parts) for t in shards) == list(
+            range(parts)
+        ), hook
+
+
+@pytest.fixture
+def settings(cluster_settings: BusSettings) -> BusSettings:
+    return msgspec.structs.replace(cluster_settings, partitions=PARTITIONS)
+
+
+def sessions_covering(keys: Keys, per_partition: int = 2) -> list[str]:
+    """Session ids, ``per_partition`` in each partition (and so in each of 3 request shards)."""
+    found: dict[int, list[str]] = {i: [] for i in range(keys.partitions)}
+    n = 0
+    while any(len(v) < per_partition for v in found.values()):
+        sid = f"session-{n}"
+        if len(found[keys.partition(sid)]) < per_partition:
+            found[keys.partition(sid)].append(sid)
+        n += 1
+    return [sid for sids in found.values() for sid in sids]
+
+
+def master_of(client: HookClient, key: str) -> int:
+    node: Any = client.redis.get_node_from_key(key)  # type: ignore[attr-defined]
+    return int(node.port)
+
+
+def step(session: str, n: int) -> StepCompleteContext:
+    return StepCompleteContext(session_id=session, step=n, max_steps=100)
+
+
+async def test_one_sessions_events_stay_in_order_in_its_partition(settings: BusSettings) -> None:
+    keys = Keys.of(settings)
+    sessions = sessions_covering(keys)
+    async with HookClient(settings) as client:
+        masters = {master_of(client, p) for p in keys.event_partitions}
+        assert len(masters) == 3, "the 6 partitions are not spread over the 3 masters"
+        for n in range(10):  # the sessions' steps interleaved, as concurrent agents publish
+            await asyncio.gather(*(client.run_on_step_complete(step(s, n)) for s in sessions))
+    async with HookClient(settings) as reader:
+        seen: dict[str, list[tuple[str, int]]] = {s: [] for s in sessions}
+        for index, partition in enumerate(keys.event_partitions):
+            entries: Any = await reader.redis.xrange(partition)
+            assert entries, f"partition {index} got nothing"
+            for _, fields in entries:
+                event = msgspec.json.decode(fields[b"data"])
+                seen[event["session_id"]].append((partition, event["context"]["step"]))
+    for session, where in seen.items():
+        assert {p for p, _ in where} == {keys.events(session)}, session
+        assert [n for _, n in where] == list(range(10)), session
+
+
+def ledger(procs: Processes, settings: BusSettings, record: Path) -> Any:
+    config = AsyncConfig(name="Ledger", record=str(record))
+    return procs.worker(
+        settings, "tests.remote_hooks:ScriptedAsync", "ledger",
+        HOOKBUS_TEST_ASYNC=msgspec.json.encode(config).decode(),
+    )  # fmt: skip
+
+
+async def test_an_async_hook_with_two_replicas_handles_every_partitions_events_once(
+    settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys.of(settings)
+    records = [tmp_path / "ledger-1.txt", tmp_path / "ledger-2.txt"]
+    for record in records:
+        record.touch()
+        ledger(procs, settings, record)
+    sessions = sessions_covering(keys, per_partition=4)
+    async with HookClient(settings) as client:
+        await wait_for(lambda: "Ledger" in client.directory.async_hooks, 60, "Ledger")
+
+        async def two_replicas() -> bool:
+            return await client.redis.zcount(keys.replicas("Ledger"), 1, "+inf") == 2
+
+        await wait_for(two_replicas, 60, "2 Ledger replicas")
+        published: list[str] = []
+        for n in range(5):
+            for s in sessions:
+                ctx = PostToolUseContext(
+                    session_id=s, tool_name="read", tool_args={"n": n}, output_content="ok"
+                )
+                await client.run_post_tool_use(ctx)
+
+        async def all_published() -> bool:
+            published.clear()
+            for partition in keys.event_partitions:
+                entries: Any = await client.redis.xrange(partition)
+                published.extend(msgspec.json.decode(f[b"data"])["id"] for _, f in entries)
+            return len(published) == 5 * len(sessions)
+
+        await wait_for(all_published, 30, "every event in its partition")
+
+        def handled() -> Counter[str]:
+            return Counter(i for r in records for i in r.read_text().split())
+
+        await wait_for(lambda: set(handled()) >= set(published), 60, "every event handled")
+
+        for partition in keys.event_partitions:
+            groups: Any = await client.redis.xinfo_groups(partition)
+            (group,) = [g for g in groups if g["name"] in (b"Ledger", "Ledger")]
+            assert group["pending"] == 0, partition
+    counts = handled()
+    assert set(counts) == set(published)
+    assert [i for i, n in counts.items() if n > 1] == [], "an event was handled twice"
+
+
+async def test_a_hook_sharded_three_ways_answers_the_sessions_of_every_shard(
+    settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys.of(settings)
+    record = tmp_path / "guard.txt"
+    guard = HookConfig(
+        name="Guard", events=[PRE], answers={PRE.value: MutateInput(updated_args={"x": -1})},
+        record=str(record),
+    )  # fmt: skip
+    procs.scripted(settings, guard, "--shards", str(SHARDS))
+    sessions = sessions_covering(keys)
+    streams = [keys.requests("Guard", k, SHARDS) for k in range(SHARDS)]
+    async with HookClient(settings, HookSettings(hook_timeout_secs=10)) as client:
+        await wait_live(client, "Guard")
+        assert client.directory.by_name["Guard"].manifest.shards == SHARDS
+        assert len({master_of(client, s) for s in streams}) == 3, "shards share a master"
+        used = {client.directory.requests("Guard", s) for s in sessions}
+        assert used == set(streams), "the sessions do not cover every shard"
+        results = await asyncio.gather(
+            *(client.run_pre_tool_use(PreToolUseContext(session_id=s, tool_name="t",
+                                                        tool_args={"x": 1}))
+              for s in sessions)
+        )  # fmt: skip
+
+        async def every_shard_served() -> bool:
+            groups = [(await client.redis.xinfo_groups(s))[0] for s in streams]
+            return all(g["entries-read"] > 0 and g["pending"] == 0 for g in groups)
+
+        await wait_for(every_shard_served, 30, "every shard's requests read and acknowledged")
+    assert [r.final_args for r in results] == [{"x": -1}] * len(sessions)
+    assert not any(r.skipped for r in results)
+    assert len(record.read_text().splitlines()) == len(sessions)
+
+
+# -- the operator's view ------------------------------------------------------------------------
+
+
+def hookbus(settings: BusSettings, *args: str) -> str:
+    env = worker_env(settings, COLUMNS="250", NO_COLOR="1", PYTHONIOENCODING="utf-8")
+    env.pop("FORCE_COLOR", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args], env=env, cwd=ROOT,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+def rows(output: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip().strip("│").split("│")]
+        for line in output.splitlines()
+        if "│" in line
+    ]
+
+
+async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
+    settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    keys = Keys.of(settings)
+    guard = HookConfig(name="Guard", events=[PRE])
+    procs.scripted(settings, guard, "--shards", str(SHARDS))
+    procs.worker(settings, "workers.metrics:AsyncMetricsHook", "metrics")
+    sessions = sessions_covering(keys)
+    out, err = tmp_path / "tail.out", tmp_path / "tail.err"
+    env = worker_env(settings, NO_COLOR="1", COLUMNS="250", PYTHONIOENCODING="utf-8")
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        tail = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "events", "tail", "--event", "PreToolUse",
+             "--count", str(len(sessions))],
+            env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    try:
+        await wait_for(lambda: "following" in err.read_text(), 60, "events tail to start")
+        async with HookClient(settings, HookSettings(hook_timeout_secs=10)) as client:
+            await wait_live(client, "Guard")
+            await wait_for(
+                lambda: "AsyncMetricsHook" in client.directory.async_hooks, 60, "metrics"
+            )
+            for s in sessions:
+                await client.run_pre_tool_use(PreToolUseContext(session_id=s, tool_name="t"))
+        assert tail.wait(60) == 0, err.read_text()
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait(10)
+    tailed = [line.split() for line in out.read_text().splitlines()]
+    assert sorted(line[2] for line in tailed) == sorted(sessions)  # from all 6 partitions
+
+    listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
+    assert {"Guard", "AsyncMetricsHook"} <= set(listed)
+
+    lag = rows(hookbus(settings, "lag"))
+    streams = {r[0] for r in lag}
+    assert set(keys.event_partitions) <= streams  # the metrics group on every partition
+    assert {keys.requests("Guard", k, SHARDS) for k in range(SHARDS)} <= streams
+
+    async def counted() -> bool:
+        figures = {r[1]: r[2] for r in rows(hookbus(settings, "metrics")) if len(r) == 3}
+        return figures.get("events.PreToolUse") == str(len(sessions))
+
+    await wait_for(counted, 60, "hookbus metrics to count every partition's events")
+
+
+def getkeys_calls(cluster: Any) -> int:
+    """``COMMAND GETKEYS`` calls on every node since the last ``CONFIG RESETSTAT``."""
+    total = 0
+    for node in cluster.nodes:
+        for line in cluster.info(node, "info", "commandstats").splitlines():
+            if line.startswith("cmdstat_command|getkeys:"):
+                total += int(line.split("calls=")[1].split(",")[0])
+    return total
+
+
+async def test_stream_reads_and_blocking_pops_go_to_their_keys_master_without_a_lookup(
+    settings: BusSettings, redis_cluster: Any
+) -> None:
+    keys = Keys.of(settings)
+    redis = connect(settings)
+    try:
+        streams = keys.event_partitions  # on all three masters
+        inboxes = [keys.inbox(f"i{n}") for n in range(6)]
+        for stream in streams:
+            await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+        for node in redis_cluster.nodes:
+            redis_cluster.info(node, "config", "resetstat")
+        for n, (stream, inbox) in enumerate(zip(streams, inboxes, strict=True)):
+            entry = await redis.xadd(stream, {"data": str(n)})
+            read: Any = await redis.xreadgroup("g", "c", {stream: ">"}, count=5, block=100)
+            assert read == [[stream.encode(), [(entry, {b"data": str(n).encode()})]]]
+            tailed: Any = await redis.xread({stream: "0-0"}, count=5, block=100)
+            assert tailed == read
+            await redis.rpush(inbox, f"reply-{n}")
+            popped: Any = await redis.blmpop(1, 1, inbox, direction="LEFT", count=10)
+            assert popped == [inbox.encode(), [f"reply-{n}".encode()]]
+        assert getkeys_calls(redis_cluster) == 0
+    finally:
+        await redis.aclose()
