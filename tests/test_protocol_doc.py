@@ -225,7 +225,7 @@ def decide(r: Redis, keys: Keys, event: HookEvent, ctx: Any) -> dict[str, Any]:
         id=new_id(), ts=now_ms(), event=event, context=raw(ctx), reply_to=inbox, timeout_ms=5000
     )
     r.xadd(keys.decisions(ctx.session_id), {"data": encode(request)})
-    popped = r.blpop([inbox], 10)
+    popped = r.blpop([inbox], 4)  # within redis-py's 5 s socket timeout
     assert popped is not None, "no DecisionReply"
     reply = decode(popped[1], DecisionReply)
     assert reply.status == "ok", reply
