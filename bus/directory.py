@@ -11,7 +11,6 @@ listed in ``skewed``.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -24,7 +23,7 @@ from bus.dispatch import Endpoint
 from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
-from bus.keys import MAX_SHARDS, Keys
+from bus.keys import MAX_SHARDS, Keys, spread
 from bus.protocol import BreakGlass, HookManifest, decode, retired_hook
 
 log = logging.getLogger("hookbus.directory")
@@ -215,8 +214,7 @@ class HookDirectory:
         stay in order in one."""
         target = self.by_name.get(name)
         shards = min(max(1, target.manifest.shards), MAX_SHARDS) if target is not None else 1
-        shard = zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % shards
-        return self._keys.requests(name, shard, shards)
+        return self._keys.requests(name, spread(session_id, shards), shards)
 
     def live(self, name: str) -> bool:
         target = self.by_name.get(name)

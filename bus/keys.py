@@ -92,6 +92,15 @@ def check_tenant(value: str) -> str:
     return value
 
 
+def spread(session_id: str, ways: int) -> int:
+    """Which of ``ways`` streams (partitions, request shards) a session's messages go to:
+    ``crc32(session id, UTF-8) mod ways``, so that one session's stay in order in one. One
+    stream (the default) costs nothing on the dispatch path."""
+    if ways <= 1:
+        return 0
+    return zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % ways
+
+
 @cache
 def partition_tag(kind: str, index: int, partitions: int) -> str:
     """The hash tag of partition ``index`` of ``partitions``: the first ``<kind><index>.<k>``
@@ -184,9 +193,7 @@ class Keys:
 
     def partition(self, session_id: str) -> int:
         """The partition of a session: its events and decisions stay in order in one stream."""
-        if self.partitions == 1:
-            return 0
-        return zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % self.partitions
+        return spread(session_id, self.partitions)
 
     def events(self, session_id: str) -> str:
         """The events stream of a session's partition."""

@@ -118,10 +118,6 @@ class _Connection(redis_connection.Connection):
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-def is_cluster_url(url: str) -> bool:
-    return url.partition("://")[0] in CLUSTER_SCHEMES
-
-
 class ClusterClient(RedisCluster):
     """redis-py's asyncio cluster client, routing XREADGROUP, XREAD and BLMPOP by their key.
 
