@@ -14,6 +14,7 @@ from redis.asyncio import connection as redis_connection
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from bus.directory import read_manifest
 from bus.errors import HookRetired, RedisAuthError
 from bus.keys import Keys
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
@@ -462,11 +463,11 @@ def refuse_retired(tomb: RetiredHook) -> HookRetired:
 async def current_manifest(redis: Redis, keys: Keys, hook: str) -> bytes | None:
     """The hook's manifest before a replica registers; raises HookRetired if an operator
     removed the hook (a tombstone, ``RetiredHook``, in place of its manifest)."""
-    value: Any = await redis.get(keys.manifest(hook))
+    value = await read_manifest(redis, keys, hook)
     tomb = retired_hook(value)
     if tomb is not None:
         raise refuse_retired(tomb)
-    return cast(bytes | None, value)
+    return value
 
 
 async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> None:
