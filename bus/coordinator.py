@@ -120,6 +120,7 @@ class Coordinator(EventRunner):
         self._asked: dict[str, str] = {}  # request id → the hook asked (only it may answer)
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
+        self._delivering = False  # the inbox reader is waking dispatches: it sends for them
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
         self._session_hooks: dict[str, frozenset[str]] = {}
         self._by_digest: dict[str, str] = {}  # session_digest(sid) → sid, for control notes
@@ -189,7 +190,7 @@ class Coordinator(EventRunner):
             applied,
             self.settings.hook_timeout_secs,
             sequential=sequential,
-            after_start=self._flush,
+            after_start=self._send_requests,
             started=started,
         )
         if self.directory.skewed:
@@ -423,6 +424,13 @@ class Coordinator(EventRunner):
             # Runs after the dispatcher has started every hook of this event.
             asyncio.get_running_loop().call_soon(self._schedule_flush)
 
+    async def _send_requests(self) -> None:
+        """A dispatch's requests go out now, or, when the inbox reader's replies woke this
+        dispatch, with every other dispatch they woke, in the reader's one round trip: agents
+        that share a client share round trips too."""
+        if not self._delivering:
+            await self._flush()
+
     def _schedule_flush(self) -> None:
         if self._outbox:
             self.spawn(self._flush())
@@ -487,7 +495,10 @@ class Coordinator(EventRunner):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
                 continue
-            if popped:
+            if not popped:
+                continue
+            self._delivering = True
+            try:
                 for data in cast(list[bytes], popped[1]):
                     try:
                         self._deliver(data)
@@ -498,6 +509,10 @@ class Coordinator(EventRunner):
                 # task) before this reader spends time re-arming its blocking read.
                 await asyncio.sleep(0)
                 await asyncio.sleep(0)
+            finally:
+                self._delivering = False
+            if self._outbox:  # what the woken dispatches asked next: one round trip for all
+                await self._flush()
 
     def _deliver(self, data: bytes) -> None:
         try:

@@ -3,7 +3,8 @@
 Replicas of one hook share the consumer group ``workers`` on ``{p}:hook:{name}:requests``. Each
 request is checked (a malformed one goes to the dead-letter stream with its reason), dropped
 unanswered if its deadline has passed, else run under the time it has left; the reply goes to
-the requester's inbox and the entry is acknowledged in the same round trip.
+the requester's inbox and the entry is acknowledged in the same round trip: one round trip for
+all the requests of a read whose hook answers without waiting.
 
 A replica that dies holding requests does not lose them: every live replica keeps its own
 in-flight entries fresh (XCLAIM … JUSTID) and takes over entries left idle longer than
@@ -78,6 +79,32 @@ class _Head(msgspec.Struct):
 
     id: str = ""
     reply_to: str = ""
+
+
+class _Replies:
+    """The replies of one batch of requests, by inbox, and the entries they answer."""
+
+    __slots__ = ("inboxes", "acks", "open")
+
+    def __init__(self) -> None:
+        self.inboxes: dict[str, list[bytes]] = {}
+        self.acks: list[bytes] = []
+        self.open = True
+
+    def add(self, inbox: str, payload: bytes, entry_id: bytes) -> bool:
+        """Join the batch, if it has not gone out yet."""
+        if self.open:
+            self.add_one(inbox, payload, entry_id)
+        return self.open
+
+    def add_one(self, inbox: str, payload: bytes, entry_id: bytes) -> _Replies:
+        self.inboxes.setdefault(inbox, []).append(payload)
+        self.acks.append(entry_id)
+        return self
+
+    def close(self) -> _Replies:
+        self.open = False
+        return self
 
 
 class HookWorker:
@@ -205,8 +232,10 @@ class HookWorker:
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
         async def start_all(entries: list[Entry]) -> None:
+            replies = _Replies()
             for entry_id, fields in entries:
-                await self._start(entry_id, fields)
+                await self._start(entry_id, fields, replies)
+            await self._send(replies.close())
 
         await consume(
             self.redis,
@@ -219,13 +248,16 @@ class HookWorker:
             recreate=lambda: self._retry(self._ensure_group, stop),
         )
 
-    async def _start(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
+    async def _start(
+        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None = None
+    ) -> None:
         if entry_id in self._in_flight or entry_id in self._settled:
             return
         await self._slots.acquire()
         self._in_flight[entry_id] = None
-        # Eagerly: the reply is on the wire before this replica re-arms its blocking read.
-        done, rest = eager(self._handle_safely(entry_id, fields))
+        # Eagerly: a hook that answers without waiting joins the batch's replies, on the wire
+        # before this replica re-arms its blocking read; one that waits replies on its own.
+        done, rest = eager(self._handle_safely(entry_id, fields, replies))
         if done:
             self._finished(entry_id)
             return
@@ -239,11 +271,13 @@ class HookWorker:
 
     # -- one request ---------------------------------------------------------------------------
 
-    async def _handle_safely(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
+    async def _handle_safely(
+        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None
+    ) -> None:
         """``_handle``, and whatever it raises besides Redis being away makes the entry a dead
         letter, acknowledged once: a message never stops this replica, nor comes back."""
         try:
-            await self._handle(entry_id, fields)
+            await self._handle(entry_id, fields, replies)
         except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
             _failures.warning("request %s not handled, Redis away: %s", entry_id.decode(), exc)
         except Exception as exc:
@@ -261,7 +295,9 @@ class HookWorker:
             )
             await self._ack(entry_id)
 
-    async def _handle(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> None:
+    async def _handle(
+        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None = None
+    ) -> None:
         data = (fields or {}).get(DATA_FIELD.encode())
         try:
             if data is None:
@@ -327,16 +363,27 @@ class HookWorker:
             payload = encode(
                 msgspec.structs.replace(reply, status="error", action=None, error=error)
             )
+        if replies is None or not replies.add(request.reply_to, payload, entry_id):
+            await self._send(_Replies().add_one(request.reply_to, payload, entry_id))
+
+    async def _send(self, replies: _Replies) -> None:
+        """The replies of a batch and its acknowledgement: one pipelined round trip (one
+        ``RPUSH`` and one ``PEXPIRE`` per inbox, one ``XACK``)."""
+        if not replies.acks:
+            return
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(request.reply_to, payload)
-                pipe.pexpire(request.reply_to, REPLY_TTL_MS)
-                pipe.xack(self.stream, WORKERS_GROUP, entry_id)
+                for inbox, payloads in replies.inboxes.items():
+                    pipe.rpush(inbox, *payloads)
+                    pipe.pexpire(inbox, REPLY_TTL_MS)
+                pipe.xack(self.stream, WORKERS_GROUP, *replies.acks)
                 await pipe.execute()
+        except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
+            _failures.warning("could not send %d replies: %s", len(replies.acks), exc)
+            return
+        for entry_id in replies.acks:
             self._settled.add(entry_id)
-            self.stats["handled"] += 1
-        except (RedisError, OSError) as exc:
-            _failures.warning("could not reply to %s: %s", request.id, exc)
+        self.stats["handled"] += len(replies.acks)
 
     async def _run_hook(
         self, request: HookRequest, ctx: Any, remaining: float
