@@ -497,9 +497,12 @@ class Coordinator(EventRunner):
                 continue
             if not popped:
                 continue
-            self._delivering = True
+            replies = cast(list[bytes], popped[1])
+            # One reply wakes one dispatch at most: it sends its own requests, while this
+            # reader re-arms its read. Several may wake several: they share one round trip.
+            self._delivering = len(replies) > 1
             try:
-                for data in cast(list[bytes], popped[1]):
+                for data in replies:
                     try:
                         self._deliver(data)
                     except Exception:  # no reply can stop the reader that all dispatches need

@@ -272,8 +272,11 @@ def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
     kind = CONTEXT_TYPES[event]
     data = bytes(raw)
     limits.check_context(data, f"{event.value} context")
+    decoder = _decoders.get(kind)
+    if decoder is None:  # one Decoder per type: msgspec.json.decode(type=) looks it up per call
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
     try:
-        ctx: HookContext = msgspec.json.decode(data, type=kind)  # type: ignore[assignment]
+        ctx: HookContext = decoder.decode(data)
     except msgspec.DecodeError as exc:
         text = str(exc).replace("`$", "`$.context", 1)
         match = _PATH.search(text)

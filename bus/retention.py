@@ -181,8 +181,10 @@ def _entries(reply: Any) -> list[Entry]:
     out: list[Entry] = []
     for _, batch in reply or ():
         for entry_id, flat in batch:
-            fields = dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}
-            out.append((entry_id, fields))
+            if flat and len(flat) == 2:  # the usual entry: one field (data)
+                out.append((entry_id, {flat[0]: flat[1]}))
+            else:
+                out.append((entry_id, dict(zip(flat[::2], flat[1::2], strict=True)) if flat else {}))
     return out
 
 
