@@ -649,8 +649,9 @@ def history(
 
 
 def render(rows: list[dict[str, Any]], spread: dict[str, list[float]], quick: list[str]) -> str:
+    width = max([38, *(len(row["case"]) for row in rows)])  # the case column
     head = (
-        f"{'benchmark':<20} {'case':<38} {'hookbus':>11} {'baseline':>21} {'ratio':>7} "
+        f"{'benchmark':<20} {'case':<{width}} {'hookbus':>11} {'baseline':>21} {'ratio':>7} "
         f"{'target':>9} {'verdict':>13} {'runs: range':>15}"
     )
     lines = [
@@ -666,7 +667,7 @@ def render(rows: list[dict[str, Any]], spread: dict[str, list[float]], quick: li
         baseline = f"{_fmt(row['baseline'], row['unit'])} {row['baseline_label']}"
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
         lines.append(
-            f"{row['benchmark']:<20} {row['case']:<38} {_fmt(row['value'], row['unit']):>11} "
+            f"{row['benchmark']:<20} {row['case']:<{width}} {_fmt(row['value'], row['unit']):>11} "
             f"{baseline:>21} {ratio:>7} {row['target']:>9} {verdict:>13} {runs:>15}"
         )
     lines.append(
