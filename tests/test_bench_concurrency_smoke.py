@@ -47,9 +47,16 @@ def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for loop in ("closed", "paced"):
         for series in ("shared", "each", "floor"):
             assert report["growth"][loop][series]["p99"] > 0, (loop, series)
-    target = report["target"]
-    assert target["agents"] == 32 and target["max_ratio_p99"] == 3.0
     for loop in ("closed", "paced"):
-        assert set(target["loops"][loop]["ratios"]) == {"shared", "each"}
-        assert isinstance(target["loops"][loop]["met"], bool)
-    assert target["met"] == target["loops"]["closed"]["met"]
+        for series in ("shared", "each"):
+            assert report["vs_floor"][loop][series]["p99"] > 0, (loop, series)
+        assert ("per_sec" in report["vs_floor"][loop]["shared"]) == (loop == "closed")
+    target = report["target"]
+    assert target["loop"] == "closed" and target["agents"] == 32
+    assert target["max_ratio_p99_to_floor"] == 1.2
+    assert target["min_ratio_per_sec_to_floor"] == 0.95
+    assert target["ratios"] == {s: report["vs_floor"]["closed"][s] for s in ("shared", "each")}
+    for series in ("shared", "each"):
+        ratios, met = target["ratios"][series], target["met_by"][series]
+        assert met == {"p99": ratios["p99"] <= 1.2, "per_sec": ratios["per_sec"] >= 0.95}, series
+    assert target["met"] == all(all(m.values()) for m in target["met_by"].values())

@@ -57,7 +57,12 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
         }
         for row in sync_rows
     ]
-    target = {"hooks": [1, 3], "max_ratio_p50": 1.3, "ratios": {"1": 1.2, "3": 1.2}, "met": True}
+    targets = {
+        name: {"hooks": [1, 3], "max_ratio_p50": limit, "ratios": {"1": 1.2, "3": 1.2}, "met": True}
+        for name, limit in (("agent", 1.3), ("service", 1.2))
+    }
+    # Per series: p99 and dispatches/s over the floor's (the same at every level).
+    factors = {"shared": (1.1, 0.97), "each": (1.3, 0.9), "floor": (1.0, 1.0)}
     concurrency_rows = [
         {
             "loop": loop,
@@ -65,16 +70,19 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
             "series": s,
             "samples": 100,
             "p50_us": 300.0 * c,
-            "p99_us": 900.0 * c,
+            "p99_us": 900.0 * c * factors[s][0],
             "mean_us": 400.0 * c,
-            "dispatches_per_sec": 2500.0 if loop == "closed" else None,
+            "dispatches_per_sec": 2500.0 * factors[s][1] if loop == "closed" else None,
             "quantiles_us": _quantiles(300 * c),
         }
         for loop in ("closed", "paced")
         for c in (1, 2, 4, 8, 16, 32)
         for s in ("shared", "each", "floor")
     ]
-    loop_target = {"ratios": {"shared": 32.0, "each": 32.0}, "floor_ratio": 32.0, "met": False}
+    vs_floor = {
+        "closed": {s: {"p99": factors[s][0], "per_sec": factors[s][1]} for s in ("shared", "each")},
+        "paced": {s: {"p99": factors[s][0]} for s in ("shared", "each")},
+    }
     return {
         "inprocess": {
             **common,
@@ -96,7 +104,7 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
             "redis_server": "7.0.15",
             "cpus": 2,
             "topologies": {
-                name: {"description": name, "results": rows, "target": target}
+                name: {"description": name, "results": rows, "target": targets[name]}
                 for name, rows in (("agent", sync_rows), ("service", service_rows))
             },
             "reference": {
@@ -142,7 +150,7 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
                 }
                 for key, ratio in (("floor", 1.0), ("hookbus", 0.8), ("hookbus_batches", 0.9))
             ],
-            "target": {"scenario": "hookbus", "min_ratio": 0.6, "ratio": 0.8, "met": True},
+            "target": {"scenario": "hookbus", "min_ratio": 0.9, "ratio": 0.8, "met": False},
         },
         "concurrency": {
             **common,
@@ -156,12 +164,19 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
                 loop: {s: {"p50": 32.0, "p99": 32.0} for s in ("shared", "each", "floor")}
                 for loop in ("closed", "paced")
             },
+            "vs_floor": vs_floor,
             "target": {
-                "series": ["shared", "each"],
-                "agents": 32,
-                "max_ratio_p99": 3.0,
                 "loop": "closed",
-                "loops": {"closed": loop_target, "paced": loop_target},
+                "agents": 32,
+                "series": ["shared", "each"],
+                "baseline": "floor",
+                "max_ratio_p99_to_floor": 1.2,
+                "min_ratio_per_sec_to_floor": 0.95,
+                "ratios": vs_floor["closed"],
+                "met_by": {
+                    "shared": {"p99": True, "per_sec": True},
+                    "each": {"p99": False, "per_sec": False},
+                },
                 "met": False,
             },
         },
@@ -258,6 +273,17 @@ def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None
     assert inprocess == {"1 no-op hook, p50": True, "3 no-op hooks, p50": True,
                          "16 no-op hooks, p50": False}  # fmt: skip
     assert "HTTP entry point" in benchmarks
+    targets = {(row["benchmark"], row["case"]): (row["target"], row["met"])
+               for row in summary["rows"] if row["met"] is not None}  # fmt: skip
+    assert {key: value for key, value in targets.items() if key[0].startswith("concurrency")} == {
+        ("concurrency, closed", "shared: p99 at 32 agents"): ("≤ 1.2x", True),
+        ("concurrency, closed", "shared: dispatches/s at 32 agents"): ("≥ 0.95x", True),
+        ("concurrency, closed", "each: p99 at 32 agents"): ("≤ 1.2x", False),
+        ("concurrency, closed", "each: dispatches/s at 32 agents"): ("≥ 0.95x", False),
+    }
+    assert targets["sync, agent", "1 hook, p50"] == ("≤ 1.3x", True)
+    assert targets["sync, service", "3 hooks, p50"] == ("≤ 1.2x", True)
+    assert targets["async", "hookbus, events/s"] == ("≥ 0.9x", False)
     for row in summary["rows"]:
         assert row["value"] is not None and row["ratio"] is not None, row
         assert row["met"] in (True, False, None), row
@@ -281,7 +307,11 @@ def test_full_results_are_copied_for_the_docs_and_recorded_once(dirs: tuple[Path
         assert_png(img / name)
     lines = (results / "history.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 1
-    assert json.loads(lines[0])["ratios"]["sync.agent.1"] == 1.2
+    recorded = json.loads(lines[0])["ratios"]
+    assert recorded["sync.agent.1"] == 1.2
+    for series, (p99, per_sec) in (("shared", (1.1, 0.97)), ("each", (1.3, 0.9))):
+        assert recorded[f"concurrency.closed.{series}.p99_vs_floor"] == p99
+        assert recorded[f"concurrency.closed.{series}.per_sec_vs_floor"] == per_sec
     page = (img.parent / "performance.md").read_text(encoding="utf-8")
     assert page.startswith("# Performance\n\nprose\n") and page.endswith("more prose\n")
     assert "old figures" not in page
