@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Union
 
 import msgspec
 
@@ -288,6 +288,48 @@ def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
             f"malformed {event.value} context: {type(exc).__name__}: {exc}", "$.context"
         ) from exc
     return ctx
+
+
+def _union(types: Any) -> Any:
+    return Union[tuple(types)]  # noqa: UP007  (a run-time union of classes made at run time)
+
+
+class _TypedEvent(_Envelope, frozen=True, kw_only=True, tag_field="event"):
+    """An EventMessage whose ``event`` picks its context's type: one class per event."""
+
+    session_id: str
+    source: str = ""
+
+
+# One tagged union of the 12 kinds of event: a message and its context in one parse.
+_TYPED_EVENTS = {
+    msgspec.defstruct(
+        f"_{event.value}Message", [("context", kind)], bases=(_TypedEvent,), tag=event.value,
+        frozen=True, kw_only=True,
+    ): event
+    for event, kind in CONTEXT_TYPES.items()
+}  # fmt: skip
+_typed_event = msgspec.json.Decoder(_union(_TYPED_EVENTS)).decode
+
+
+def decode_event(data: bytes) -> tuple[EventMessage | _TypedEvent, HookEvent, HookContext]:
+    """A published event, its kind and its context (what an async hook reads), in one parse
+    when the message is well within every bound; anything else (a message near a bound, one
+    that does not parse) goes through :func:`decode` and :func:`decode_context`, which say
+    what is wrong. The message's ``context`` is the parsed context, not its raw JSON."""
+    if (
+        len(data) <= limits.MAX_CONTEXT_BYTES
+        and data.count(b"[") + data.count(b"{") <= limits.MAX_CONTEXT_DEPTH
+    ):
+        try:
+            message = _typed_event(data)
+        except Exception:  # the slow path below names the problem
+            pass
+        else:
+            if message.v == PROTOCOL_VERSION:
+                return message, _TYPED_EVENTS[type(message)], message.context
+    plain = decode(data, EventMessage)
+    return plain, plain.event, decode_context(plain.event, plain.context)
 
 
 def decode_head(data: bytes, kind: type[T]) -> T | None:

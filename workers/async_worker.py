@@ -52,10 +52,9 @@ from bus.protocol import (
     DATA_FIELD,
     AuditRecord,
     ControlMessage,
-    EventMessage,
     HookManifest,
     decode,
-    decode_context,
+    decode_event,
     encode,
     new_id,
     now_ms,
@@ -80,11 +79,6 @@ _failures = RateLimitedLog(log)
 FAILURE_TTL_SECS = 86_400
 _DATA = DATA_FIELD.encode()
 T = TypeVar("T")
-
-
-def _event_of(data: bytes) -> tuple[EventMessage, Any]:
-    message = decode(data, EventMessage)
-    return message, decode_context(message.event, message.context)
 
 
 class AsyncHookWorker:
@@ -315,11 +309,11 @@ class AsyncHookWorker:
         if stream == self.keys.audit:
             await self._process_audit(entries)
             return
-        decoded, dead, acks = self._decode(stream, entries, _event_of)
+        decoded, dead, acks = self._decode(stream, entries, decode_event)
         todo: list[tuple[bytes, DeliveredEvent]] = []
-        for entry_id, (message, ctx) in decoded:
+        for entry_id, (message, event, ctx) in decoded:
             try:
-                wanted = self._wants(message.event, ctx)
+                wanted = self._wants(event, ctx)
             except Exception as exc:  # no event can stop the batch: it is a dead letter
                 reason = f"could not be matched: {type(exc).__name__}: {exc}"
                 extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
@@ -330,7 +324,7 @@ class AsyncHookWorker:
                 self.stats["skipped"] += 1
                 acks.append(entry_id)
                 continue
-            todo.append((entry_id, DeliveredEvent(message.id, message.event, message.ts, ctx)))
+            todo.append((entry_id, DeliveredEvent(message.id, event, message.ts, ctx)))
             if message.traceparent:
                 self._trace[message.id] = (message.traceparent, message.tracestate)
         failures: dict[bytes, str] = {}
