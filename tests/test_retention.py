@@ -171,6 +171,36 @@ async def test_a_gap_is_counted_exactly_settled_once_and_the_group_reads_on(
         await redis.aclose()
 
 
+async def test_after_redis_forgot_the_script_a_read_reads_and_a_crossed_gap_is_still_counted(
+    bus_settings: BusSettings,
+) -> None:
+    """The check runs pipelined before the read (EVALSHA): a Redis that lost its scripts (a
+    restart, a new master) answers NOSCRIPT, the read still returns its entries and the check
+    runs after it; the gap that read crossed is counted, its range unknown, at the stream's end."""
+    keys = Keys(bus_settings.prefix)
+    redis = connect(bus_settings)
+    retention = Retention(redis, keys)
+    try:
+        await retention.create_group(ev(keys), "Late", "$")
+        payloads = [f"e{i}".encode() for i in range(6000)]
+        await publish_capped(redis, ev(keys), payloads, 2000)
+        length = await redis.xlen(ev(keys))
+        await redis.script_flush()
+        entries, gap, _ = await retention.read(ev(keys), "Late", "r1", 10)
+        assert len(entries) == 10 and gap is None  # read first: the cut is crossed
+        seen = 10
+        while entries:
+            entries, gap, _ = await retention.read(ev(keys), "Late", "r1", 1000)
+            seen += len(entries)
+            if gap is not None:
+                break
+        assert seen == length
+        assert gap is not None and (gap.count, gap.after) == (6000 - length, "-")
+        assert await retention.settle(ev(keys), "Late") is None  # settled once
+    finally:
+        await redis.aclose()
+
+
 async def test_sync_requests_and_decisions_cut_while_pending_are_dead_lettered(
     bus_settings: BusSettings,
 ) -> None:

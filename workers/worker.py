@@ -84,7 +84,7 @@ class _Head(msgspec.Struct):
 class _Replies:
     """The replies of one batch of requests, by inbox, and the entries they answer."""
 
-    __slots__ = ("inboxes", "acks", "open")
+    __slots__ = ("acks", "inboxes", "open")
 
     def __init__(self) -> None:
         self.inboxes: dict[str, list[bytes]] = {}
