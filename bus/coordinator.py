@@ -515,7 +515,7 @@ class Coordinator(EventRunner):
             finally:
                 self._delivering = False
             if self._outbox:  # what the woken dispatches asked next: one round trip for all
-                await self._flush()
+                await self._flush()  # (their replies cannot come before it is done)
 
     def _deliver(self, data: bytes) -> None:
         try:
