@@ -10,9 +10,16 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, cast
 
+import hiredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
-from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    DataError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.directory import read_manifest
@@ -183,6 +190,19 @@ class _Watched(redis_connection.AbstractConnection):
     async def on_connect_check_health(self, check_health: bool = True) -> None:
         parent = super().on_connect_check_health
         await _handshake(self, lambda: parent(check_health=check_health))
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """A command in Redis's protocol, packed by hiredis (C) as redis-py's own synchronous
+        connection does; its asyncio connection packs in Python: 3.6 µs an XADD here against
+        0.5, 31 µs an XACK of 100 ids against 7."""
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError as exc:  # None, a bool, a list…: refused, as redis-py's encoder does
+            raise DataError(f"invalid Redis argument in {args[0]!r}: {exc}") from exc
 
 
 class _Connection(_Watched, redis_connection.Connection):

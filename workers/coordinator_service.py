@@ -152,7 +152,8 @@ async def decide(
             telemetry.context_from(request.traceparent, request.tracestate)
         )
     try:
-        result = await asyncio.wait_for(coordinator.run(request.event, ctx), timeout)
+        async with asyncio.timeout(timeout):  # in this task (wait_for would start another)
+            result = await coordinator.run(request.event, ctx)
         return DecisionReply(
             id=new_id(), ts=now_ms(), request_id=request.id, event=request.event, result=result
         )
