@@ -93,6 +93,13 @@ def shape(data: bytes) -> tuple[int, int]:
     return (_depth(brackets) if containers > 1 else containers), containers
 
 
+def openers(data: bytes) -> int:
+    """How many ``[`` and ``{`` the JSON text ``data`` holds (strings included): an upper bound
+    on its nesting depth and on its number of containers. One pass (``bytes.translate``) costs
+    about two thirds of two ``bytes.count``."""
+    return len(data) - len(data.translate(None, b"[{"))
+
+
 def check(
     data: bytes,
     what: str,
@@ -111,7 +118,7 @@ def check(
         )
     # Fast path: fewer opening brackets than the depth limit (strings included) cannot be
     # nested deeper than it, nor be too many containers.
-    if data.count(b"[") + data.count(b"{") <= max_depth:
+    if openers(data) <= max_depth:
         return
     brackets = _brackets(data)
     depth_name = "MAX_DEPTH" if max_depth == MAX_DEPTH else "MAX_CONTEXT_DEPTH"
@@ -154,7 +161,7 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
     depth = MAX_CONTEXT_DEPTH if context else MAX_DEPTH
     data = _encode(value, what, depth)
     # check()'s fast path, inlined: this runs for every message sent and every dispatch.
-    if data.count(b"[") + data.count(b"{") > depth or len(data) > MAX_CONTEXT_BYTES:
+    if openers(data) > depth or len(data) > MAX_CONTEXT_BYTES:
         if context:
             check_context(data, what)
         else:
@@ -176,7 +183,7 @@ def encode_context(ctx: Any) -> bytes:
     # JSON of 2 * MAX_CONTEXT_DEPTH bytes or fewer cannot nest deeper (each level opens and
     # closes): no need to count its brackets (two passes that cost more than the encode).
     if len(data) > _DEEP_ENOUGH and (
-        len(data) > MAX_CONTEXT_BYTES or data.count(b"[") + data.count(b"{") > MAX_CONTEXT_DEPTH
+        len(data) > MAX_CONTEXT_BYTES or openers(data) > MAX_CONTEXT_DEPTH
     ):
         check_context(data, _WHAT[type(ctx)])
     return data

@@ -239,7 +239,7 @@ def decode(data: bytes | str, kind: type[T]) -> T:
     (LimitError); whatever else the parser raises becomes a ProtocolError too."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    if data.count(b"[") + data.count(b"{") > limits.MAX_DEPTH or len(data) > MAX_MESSAGE_BYTES:
+    if limits.openers(data) > limits.MAX_DEPTH or len(data) > MAX_MESSAGE_BYTES:
         limits.check(data, kind.__name__)  # (its fast path inlined above: the usual case)
     decoder = _decoders.get(kind)
     if decoder is None:
@@ -319,7 +319,7 @@ def decode_event(data: bytes) -> tuple[EventMessage | _TypedEvent, HookEvent, Ho
     what is wrong. The message's ``context`` is the parsed context, not its raw JSON."""
     if (
         len(data) <= limits.MAX_CONTEXT_BYTES
-        and data.count(b"[") + data.count(b"{") <= limits.MAX_CONTEXT_DEPTH
+        and limits.openers(data) <= limits.MAX_CONTEXT_DEPTH
     ):
         try:
             message = _typed_event(data)
