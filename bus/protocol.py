@@ -317,10 +317,7 @@ def decode_event(data: bytes) -> tuple[EventMessage | _TypedEvent, HookEvent, Ho
     when the message is well within every bound; anything else (a message near a bound, one
     that does not parse) goes through :func:`decode` and :func:`decode_context`, which say
     what is wrong. The message's ``context`` is the parsed context, not its raw JSON."""
-    if (
-        len(data) <= limits.MAX_CONTEXT_BYTES
-        and limits.openers(data) <= limits.MAX_CONTEXT_DEPTH
-    ):
+    if len(data) <= limits.MAX_CONTEXT_BYTES and limits.openers(data) <= limits.MAX_CONTEXT_DEPTH:
         try:
             message = _typed_event(data)
         except Exception:  # the slow path below names the problem
