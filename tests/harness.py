@@ -32,6 +32,7 @@ def worker_env(settings: BusSettings, **extra: str) -> dict[str, str]:
         "HOOKBUS_LIVENESS_SECS": str(settings.liveness_secs),
         "HOOKBUS_CLAIM_IDLE_SECS": str(settings.claim_idle_secs),
         "HOOKBUS_PARTITIONS": str(settings.partitions),
+        "HOOKBUS_EVENTS_MAXLEN": str(settings.events_maxlen),
         **extra,
     }
 

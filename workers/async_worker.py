@@ -45,7 +45,7 @@ from bus.clock import START_SAMPLES, RedisClock
 from bus.directory import write_manifest
 from bus.dispatch import eager
 from bus.errors import ProtocolError
-from bus.events import TOOL_EVENTS, session_of, tool_of
+from bus.events import TOOL_EVENTS, HookEvent, session_of, tool_of
 from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_event, spec_of
 from bus.keys import Keys, check_name
 from bus.protocol import (
@@ -121,6 +121,15 @@ class AsyncHookWorker:
         self.batch_size = batch_size
         self.max_deliveries = max_deliveries
         self.timeout = self.spec.timeout or (hook_settings or HookSettings()).async_timeout_secs
+        filtered = bool(
+            self.spec.match_filter.name_patterns or self.spec.match_filter.content_patterns
+        )
+        self._wanted: dict[HookEvent, bool | None] = {
+            event: (None if filtered and event in TOOL_EVENTS else True)
+            if self.spec.subscribes(event)
+            else False
+            for event in HookEvent
+        }
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
         self.redis = connect(settings)
         self.retention = Retention(self.redis, self.keys)
@@ -393,12 +402,11 @@ class AsyncHookWorker:
         return parsed, dead, acks
 
     def _wants(self, event: Any, ctx: Any) -> bool:
-        if not self.spec.subscribes(event):
-            return False
-        if event in TOOL_EVENTS:
-            name, args = tool_of(ctx)
-            return name is None or self.spec.match_filter.matches(name, args)
-        return True
+        wanted = self._wanted[event]  # True, False, or None: the tool filter decides
+        if wanted is not None:
+            return wanted
+        name, args = tool_of(ctx)
+        return name is None or self.spec.match_filter.matches(name, args)
 
     async def _call_each(self, todo: list[tuple[bytes, DeliveredEvent]]) -> dict[bytes, str]:
         """Run the hook on each event; failure reasons by entry id.

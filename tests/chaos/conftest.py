@@ -14,9 +14,20 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
+from bus.settings import BusSettings
+
 ROWS: list[tuple[str, dict[str, Any]]] = []
+#: The events stream keeps every event of a run: the ledger reads them all back (load.py), and
+#: retention trims what every group has handled once a stream passes its events_maxlen.
+CHAOS_EVENTS_MAXLEN = 10_000_000
+
+
+@pytest.fixture
+def bus_settings(bus_settings: BusSettings) -> BusSettings:
+    return msgspec.structs.replace(bus_settings, events_maxlen=CHAOS_EVENTS_MAXLEN)
 
 
 class Ledger:

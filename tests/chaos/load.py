@@ -68,7 +68,15 @@ class Services:
 async def reconcile(redis: Redis, keys: Keys, handled_file: Path) -> dict[str, int]:
     """Wait until Ledger (recording to ``handled_file``) has handled every event in
     ``{p}:events``; the figures."""
-    entries = await redis.xrange(keys.event_partitions[0])
+    stream = keys.event_partitions[0]
+    info: Any = await redis.xinfo_stream(stream)
+    # Retention trims what every group has handled once the stream passes events_maxlen: the
+    # count below needs every event still there (tests/chaos/conftest.py raises the length).
+    assert info["entries-added"] == info["length"], (
+        f"{stream} was trimmed during the run ({info['entries-added']} added, "
+        f"{info['length']} kept): raise CHAOS_EVENTS_MAXLEN"
+    )
+    entries = await redis.xrange(stream)
     events = [msgspec.json.decode(fields[b"data"]) for _, fields in entries]
     wanted = {e["id"] for e in events}
 
