@@ -21,6 +21,7 @@ from agent_adapter.llm import call
 from agent_adapter.permissions import ToolKind
 from agent_adapter.tools import Tool, Toolbox
 from bus import (
+    AgentHook,
     Block,
     HookEvent,
     HookSettings,
@@ -179,6 +180,60 @@ async def test_a_request_past_its_deadline_is_never_executed(
         assert lines(record) == ["PreToolUse " + lines(record)[0].split()[1]]
     finally:
         await client.close()
+
+
+class _Gate(AgentHook):
+    """Answers at once, unless the tool's arguments say ``wait``: then when released."""
+
+    name = "Gate"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+        if ctx.tool_args.get("wait"):
+            await self.release.wait()
+
+
+async def test_answers_ready_in_a_read_are_not_held_behind_a_request_waiting_for_a_slot(
+    bus_settings: BusSettings,
+) -> None:
+    """A worker answers the requests of one read together; when the next one must wait for a
+    free slot (a slow hook holds them all), the answers already made go out first."""
+    from workers.worker import HookWorker
+
+    gate = _Gate()
+    worker = HookWorker(gate, bus_settings, concurrency=1)
+    keys = Keys(bus_settings.prefix)
+    inbox = keys.inbox("probe")
+    redis = worker.redis
+    try:
+        await worker.register()
+        ids = []
+        for args in ({}, {"wait": True}, {}):
+            context = PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
+            request = HookRequest(
+                id=new_id(), ts=now_ms(), hook="Gate", event=HookEvent.PRE_TOOL_USE,
+                session_id="s", context=raw(context), deadline=now_ms() + 60_000,
+                reply_to=inbox,
+            )  # fmt: skip
+            ids.append(request.id)
+            await redis.xadd(worker.stream, {DATA_FIELD: encode(request)})
+        read: Any = await redis.xreadgroup(
+            WORKERS_GROUP, worker.replica, {worker.stream: ">"}, count=10
+        )
+        entries = read[0][1]
+        assert len(entries) == 3  # one read: the batch a worker answers together
+        started = asyncio.create_task(worker._start_all(entries))
+        first = await redis.blpop([inbox], timeout=4)  # the slow one holds the only slot
+        assert first is not None and json.loads(first[1])["request_id"] == ids[0]
+        assert not started.done()
+        gate.release.set()
+        await asyncio.wait_for(started, 4)
+        rest = [json.loads(data)["request_id"] for data in await redis.lrange(inbox, 0, -1)]
+        assert sorted(rest) == sorted(ids[1:])
+    finally:
+        await redis.aclose()
 
 
 async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(

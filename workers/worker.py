@@ -231,12 +231,6 @@ class HookWorker:
                 backoff = min(backoff * 2, 2.0)
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
-        async def start_all(entries: list[Entry]) -> None:
-            replies = _Replies()
-            for entry_id, fields in entries:
-                await self._start(entry_id, fields, replies)
-            await self._send(replies.close())
-
         await consume(
             self.redis,
             self.stream,
@@ -244,9 +238,19 @@ class HookWorker:
             self.replica,
             count=32,
             stop=stop,
-            handle=start_all,
+            handle=self._start_all,
             recreate=lambda: self._retry(self._ensure_group, stop),
         )
+
+    async def _start_all(self, entries: list[Entry]) -> None:
+        """Start every request of one read; the answers ready at once go out together."""
+        replies = _Replies()
+        for entry_id, fields in entries:
+            if replies.acks and self._slots.locked():  # the next waits for a slot: what is
+                await self._send(replies.close())  # answered goes out first
+                replies = _Replies()
+            await self._start(entry_id, fields, replies)
+        await self._send(replies.close())
 
     async def _start(
         self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None = None
