@@ -236,6 +236,38 @@ async def test_answers_ready_in_a_read_are_not_held_behind_a_request_waiting_for
         await redis.aclose()
 
 
+async def test_a_read_from_a_frozen_redis_times_out_and_the_client_recovers(
+    monkeypatch: Any,
+) -> None:
+    """Sends and reads are bounded by one sweeping timer per event loop (bus/redis_io.py), not
+    a timer each: a Redis that stops answering still gives redis-py's TimeoutError, and the
+    client works again once it answers."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    import bus.redis_io
+    from workers.redis_server import RedisServer
+
+    monkeypatch.setattr(bus.redis_io, "SOCKET_TIMEOUT", 1.0)
+    server = RedisServer().start()
+    redis = bus.redis_io.connect(BusSettings(redis_url=server.url))
+    try:
+        await redis.set("k", "v")
+        pid = int((await redis.info("server"))["process_id"])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            try:
+                await asyncio.wait_for(redis.get("k"), 30)
+                raise AssertionError("a frozen Redis answered")
+            except RedisTimeoutError:
+                pass
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert await redis.get("k") == b"v"
+    finally:
+        await redis.aclose()
+        server.close()
+
+
 async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
