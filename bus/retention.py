@@ -105,10 +105,10 @@ local function field(flat, name)
 end
 """
 
-# KEYS[1]: the stream. ARGV: group, consumer, count (0: settle only, no read).
-# Returns {gap or false, XREADGROUP reply or false, the stream's last generated id}; a gap is
-# {count, after, before}.
-_READ = (
+# KEYS[1]: the stream. ARGV: group. Settles the gap the hard cap left before the group's next
+# entry; returns {gap or false, the stream's last generated id}, a gap being {count, after,
+# before}. The read itself follows, pipelined (Retention.read).
+_CHECK = (
     _LUA_HELPERS
     + """
 local stream, group = KEYS[1], ARGV[1]
@@ -141,11 +141,7 @@ elseif read then
     redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added)
   end
 end
-local count = tonumber(ARGV[3])
-if count == 0 then return {gap, false, last} end
-local reply = redis.call('XREADGROUP', 'GROUP', group, ARGV[2], 'COUNT', count,
-                         'STREAMS', stream, '>')
-return {gap, reply, last}
+return {gap, last}
 """
 )
 
@@ -189,7 +185,7 @@ class Retention:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._read = redis.register_script(_READ)
+        self._check = redis.register_script(_CHECK)
         self._create = redis.register_script(_CREATE)
 
     # -- groups --------------------------------------------------------------------------------
@@ -208,10 +204,10 @@ class Retention:
     ) -> tuple[list[Entry], Gap | None, str]:
         """New entries for ``consumer`` (at most ``count``, without blocking); the gap the hard
         cap left before them, settled, which the caller must :meth:`record`; and the stream's
-        last id (to wait for newer ones with ``XREAD BLOCK``). NOGROUP if the group is gone."""
+        last id (to wait for newer ones with ``XREAD BLOCK``). NOGROUP if the group is gone.
+        A ``count`` of 0 reads nothing (Redis would read everything: ``COUNT 0``)."""
         if not count:
-            reply: Any = await self._read(keys=[stream], args=[group, consumer, 0])
-            return [], self._gap(stream, group, reply[0]), _text(reply[2])
+            return [], *await self._settled(stream, group)
         # The check, then the read, pipelined: Redis runs the commands a client sent together
         # one after the other before it serves another client, so no trim falls between them.
         # (Should one ever, the loss is still counted, from the same counters, once the group
@@ -222,18 +218,26 @@ class Retention:
         # Script sends SCRIPT EXISTS before every execution (and redis-py's cluster pipeline
         # refuses its evalsha method, not the command: both commands name the one stream).
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.execute_command("EVALSHA", self._read.sha, 1, stream, group, consumer, 0)
+            pipe.execute_command("EVALSHA", self._check.sha, 1, stream, group)
             pipe.xreadgroup(group, consumer, {stream: ">"}, count=count)
             checked, got = await pipe.execute(raise_on_error=False)
+        if isinstance(got, Exception):
+            raise got
         if isinstance(checked, NoScriptError):  # Redis restarted: read, then check
-            checked = await self._read(keys=[stream], args=[group, consumer, 0])
-        for result in (got, checked):
-            if isinstance(result, Exception):
-                raise result
+            gap, last = await self._settled(stream, group)
+        elif isinstance(checked, Exception):
+            raise checked
+        else:
+            gap, last = self._gap(stream, group, checked[0]), _text(checked[1])
         entries: list[Entry] = []
         for _, batch in got or ():
             entries.extend(batch)
-        return entries, self._gap(stream, group, checked[0]), _text(checked[2])
+        return entries, gap, last
+
+    async def _settled(self, stream: str, group: str) -> tuple[Gap | None, str]:
+        """The check alone (the script, loaded if Redis lost it): the settled gap, the last id."""
+        raw_gap, last = await self._check(keys=[stream], args=[group])
+        return self._gap(stream, group, raw_gap), _text(last)
 
     @staticmethod
     def _gap(stream: str, group: str, raw: Any) -> Gap | None:
@@ -245,7 +249,7 @@ class Retention:
     async def settle(self, stream: str, group: str) -> Gap | None:
         """The gap the hard cap left before ``group``'s next entry on ``stream``, settled (to be
         recorded), or None."""
-        _, gap, _ = await self.read(stream, group, "", 0)
+        gap, _ = await self._settled(stream, group)
         return gap
 
     # -- reports -------------------------------------------------------------------------------

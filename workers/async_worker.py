@@ -280,7 +280,7 @@ class AsyncHookWorker:
             if entries:
                 self._turn = (self._turn + i + 1) % count
                 return [(partition, entries)]
-        if block:  # wait (200 ms in all at most) for a newer entry, then read it via the script
+        if block:  # wait (200 ms in all at most) for a newer entry, then read it (check, then read)
             partition = self.events[self._turn]
             self._turn = (self._turn + 1) % count
             wait_ms = max(20, 200 // count)
