@@ -160,8 +160,9 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
     unsupported type, a lone surrogate)."""
     depth = MAX_CONTEXT_DEPTH if context else MAX_DEPTH
     data = _encode(value, what, depth)
-    # check()'s fast path, inlined: this runs for every message sent and every dispatch.
-    if openers(data) > depth or len(data) > MAX_CONTEXT_BYTES:
+    # check()'s fast path, inlined: this runs for every message sent and every dispatch. The
+    # length first: openers() copies the text, and a huge one is refused without it.
+    if len(data) > MAX_CONTEXT_BYTES or openers(data) > depth:
         if context:
             check_context(data, what)
         else:

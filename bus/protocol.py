@@ -239,7 +239,7 @@ def decode(data: bytes | str, kind: type[T]) -> T:
     (LimitError); whatever else the parser raises becomes a ProtocolError too."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    if limits.openers(data) > limits.MAX_DEPTH or len(data) > MAX_MESSAGE_BYTES:
+    if len(data) > MAX_MESSAGE_BYTES or limits.openers(data) > limits.MAX_DEPTH:
         limits.check(data, kind.__name__)  # (its fast path inlined above: the usual case)
     decoder = _decoders.get(kind)
     if decoder is None:
@@ -316,7 +316,8 @@ def decode_event(data: bytes) -> tuple[EventMessage | _TypedEvent, HookEvent, Ho
     """A published event, its kind and its context (what an async hook reads), in one parse
     when the message is well within every bound; anything else (a message near a bound, one
     that does not parse) goes through :func:`decode` and :func:`decode_context`, which say
-    what is wrong. The message's ``context`` is the parsed context, not its raw JSON."""
+    what is wrong. Read the context from the third item: the message's own ``context`` is the
+    parsed one on the fast path and the raw JSON on the slow one."""
     if len(data) <= limits.MAX_CONTEXT_BYTES and limits.openers(data) <= limits.MAX_CONTEXT_DEPTH:
         try:
             message = _typed_event(data)
