@@ -195,6 +195,26 @@ class _Gate(AgentHook):
             await self.release.wait()
 
 
+async def _one_read(worker: Any, requests: list[tuple[dict[str, Any], str]]) -> list[Any]:
+    """XADD a PreToolUse request per (tool arguments, inbox) to ``worker``'s stream; the entries
+    of one read of them, as the worker's read loop would get them; and the request ids."""
+    ids = []
+    for args, inbox in requests:
+        context = PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
+        request = HookRequest(
+            id=new_id(), ts=now_ms(), hook=worker.spec.name, event=HookEvent.PRE_TOOL_USE,
+            session_id="s", context=raw(context), deadline=now_ms() + 60_000, reply_to=inbox,
+        )  # fmt: skip
+        ids.append(request.id)
+        await worker.redis.xadd(worker.stream, {DATA_FIELD: encode(request)})
+    read: Any = await worker.redis.xreadgroup(
+        WORKERS_GROUP, worker.replica, {worker.stream: ">"}, count=10
+    )
+    entries = read[0][1]
+    assert len(entries) == len(requests)  # one read: the batch a worker answers together
+    return [entries, ids]
+
+
 async def test_answers_ready_in_a_read_are_not_held_behind_a_request_waiting_for_a_slot(
     bus_settings: BusSettings,
 ) -> None:
@@ -204,26 +224,11 @@ async def test_answers_ready_in_a_read_are_not_held_behind_a_request_waiting_for
 
     gate = _Gate()
     worker = HookWorker(gate, bus_settings, concurrency=1)
-    keys = Keys(bus_settings.prefix)
-    inbox = keys.inbox("probe")
+    inbox = Keys(bus_settings.prefix).inbox("probe")
     redis = worker.redis
     try:
         await worker.register()
-        ids = []
-        for args in ({}, {"wait": True}, {}):
-            context = PreToolUseContext(session_id="s", tool_name="t", tool_args=args)
-            request = HookRequest(
-                id=new_id(), ts=now_ms(), hook="Gate", event=HookEvent.PRE_TOOL_USE,
-                session_id="s", context=raw(context), deadline=now_ms() + 60_000,
-                reply_to=inbox,
-            )  # fmt: skip
-            ids.append(request.id)
-            await redis.xadd(worker.stream, {DATA_FIELD: encode(request)})
-        read: Any = await redis.xreadgroup(
-            WORKERS_GROUP, worker.replica, {worker.stream: ">"}, count=10
-        )
-        entries = read[0][1]
-        assert len(entries) == 3  # one read: the batch a worker answers together
+        entries, ids = await _one_read(worker, [({}, inbox), ({"wait": True}, inbox), ({}, inbox)])
         started = asyncio.create_task(worker._start_all(entries))
         first = await redis.blpop([inbox], timeout=4)  # the slow one holds the only slot
         assert first is not None and json.loads(first[1])["request_id"] == ids[0]
@@ -232,6 +237,33 @@ async def test_answers_ready_in_a_read_are_not_held_behind_a_request_waiting_for
         await asyncio.wait_for(started, 4)
         rest = [json.loads(data)["request_id"] for data in await redis.lrange(inbox, 0, -1)]
         assert sorted(rest) == sorted(ids[1:])
+    finally:
+        await redis.aclose()
+
+
+async def test_an_inbox_that_is_not_a_list_loses_only_its_own_answer_and_is_counted(
+    bus_settings: BusSettings,
+) -> None:
+    """Anyone who can write an inbox key can make it a string: the worker's RPUSH to it fails.
+    The other answers of the same batch still arrive, every request is acknowledged (retrying
+    cannot help; that asker times out under its hooks' failure policies) and the lost answer is
+    counted."""
+    from workers.worker import HookWorker
+
+    worker = HookWorker(_Gate(), bus_settings)
+    keys = Keys(bus_settings.prefix)
+    good, spoiled = keys.inbox("good"), keys.inbox("spoiled")
+    redis = worker.redis
+    try:
+        await worker.register()
+        await redis.set(spoiled, "not a list")
+        entries, ids = await _one_read(worker, [({}, spoiled), ({}, good)])
+        await worker._start_all(entries)
+        answered = [json.loads(data)["request_id"] for data in await redis.lrange(good, 0, -1)]
+        assert answered == [ids[1]]
+        assert (worker.stats["unsent"], worker.stats["handled"]) == (1, 1)
+        pending: Any = await redis.xpending(worker.stream, WORKERS_GROUP)
+        assert pending["pending"] == 0
     finally:
         await redis.aclose()
 

@@ -142,7 +142,8 @@ class HookWorker:
         lane = f"#{shard}" if shards > 1 else ""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
         self.redis = connect(settings)
-        self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0}
+        self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0,
+                      "unsent": 0}  # fmt: skip
         # Deadlines are on Redis's clock (bus/clock.py); drops past them are counted and logged.
         self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
@@ -381,13 +382,23 @@ class HookWorker:
                     pipe.rpush(inbox, *payloads)
                     pipe.pexpire(inbox, REPLY_TTL_MS)
                 pipe.xack(self.stream, WORKERS_GROUP, *replies.acks)
-                await pipe.execute()
+                results = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
             _failures.warning("could not send %d replies: %s", len(replies.acks), exc)
             return
+        *sent, acked = results
+        if isinstance(acked, Exception):  # not acknowledged: answered again when claimed
+            _failures.warning("could not acknowledge %d requests: %s", len(replies.acks), acked)
+            return
+        unsent = 0
+        for (inbox, payloads), pushed in zip(replies.inboxes.items(), sent[::2], strict=True):
+            if isinstance(pushed, Exception):  # an inbox key that is not a list: that asker
+                unsent += len(payloads)  # times out; the others of the batch are answered
+                _failures.warning("could not reply to %s: %s", inbox, pushed)
         for entry_id in replies.acks:
             self._settled.add(entry_id)
-        self.stats["handled"] += len(replies.acks)
+        self.stats["unsent"] += unsent
+        self.stats["handled"] += len(replies.acks) - unsent
 
     async def _run_hook(
         self, request: HookRequest, ctx: Any, remaining: float
