@@ -1,19 +1,20 @@
-"""Span export over OTLP/HTTP on a thread of its own, in small slices of the GIL.
+"""Span export over OTLP/HTTP on a thread of its own, which holds the GIL as little as it can.
 
 Why not the SDK's ``BatchSpanProcessor`` + ``OTLPSpanExporter``: profiled on the benchmark of
 a 1-hook dispatch (docs/performance.md, "Tracing"), that exporter turns each span into protobuf
 in Python (~18 µs a span here) and does a whole batch (up to 512 spans, ~10 ms) in one go. Its
 thread then holds the GIL until the interpreter takes it away after ``sys.getswitchinterval()``
-(5 ms), so the event loop that dispatches waits up to 5 ms: the tail of a traced dispatch. Here
-the thread encodes a few spans at a time (HookBus's own spans written directly as protobuf,
-~3-6 µs a span, see below), gives the GIL back between slices (``time.sleep(0)``), and posts
-the batch with ``requests``, as the SDK's exporter does.
+(5 ms), so the event loop that dispatches waits up to 5 ms: the tail of a traced dispatch.
+Here HookBus's own spans are written directly as protobuf (~2 µs a span, see below) when they
+end, so the queue holds bytes, and the thread only joins them and posts the batch with
+``requests``, as the SDK's exporter does.
 
 What goes in: HookBus's own spans (``telemetry.LightSpan``, a tuple's worth of fields, built
 on the loop without the SDK's span machinery) and any SDK span of the application (its
-``ReadableSpan``, through ``Forward``; encoded with the SDK's own encoder). The queue is
-bounded (``OTEL_BSP_MAX_QUEUE_SIZE``): a span that finds it full is dropped and counted, and so
-are the spans of a batch the receiver refused or never answered (``stats``).
+``ReadableSpan``, through ``Forward``; encoded on the thread with the SDK's own encoder, a few
+at a time between releases of the GIL). The queue is bounded (``OTEL_BSP_MAX_QUEUE_SIZE``): a
+span that finds it full is dropped and counted, and so are the spans of a batch the receiver
+refused or never answered, and a span that could not be encoded (``stats``).
 
 Configuration: the SDK's variables for the OTLP/HTTP trace exporter (endpoint, headers,
 timeout, compression, certificates) and for the batch processor (``OTEL_BSP_*``).
@@ -49,8 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hookbus.telemetry")
 
-#: Spans encoded between two releases of the GIL: ~8 µs each here, so the loop's thread waits
-#: at most ~0.1-0.3 ms for the GIL when it wants it back.
+#: The application's SDK spans encoded between two releases of the GIL: ~8 µs each here, so
+#: the loop's thread waits at most ~0.1-0.3 ms for the GIL when it wants it back.
 SLICE = 16
 #: Seconds between two log lines about failed exports.
 LOG_EVERY_SECS = 10.0
@@ -60,7 +61,8 @@ LOG_EVERY_SECS = 10.0
 #
 # Why not ``opentelemetry-proto``'s message classes for HookBus's spans: building one span of 8
 # attributes through them costs ~13 µs here (an object per attribute and per value, copied
-# again into each enclosing message); the bytes below cost ~3-4 µs. The format is protobuf's
+# again into each enclosing message); the bytes below cost ~2 µs (fixed-size fields packed at
+# once; the attribute pairs and names, which repeat, kept encoded). The format is protobuf's
 # (https://protobuf.dev/programming-guides/encoding/) for the messages of
 # opentelemetry/proto/trace/v1/trace.proto; tests/test_span_export.py decodes what this writes
 # with the protobuf classes, field by field. The application's SDK spans still go through the
@@ -103,47 +105,69 @@ def _value(value: Any) -> bytes:
     return _field(b"\x0a", str(value).encode())
 
 
+#: Encoded ``KeyValue`` fields by (tag, key, value, type): HookBus's spans repeat the same few
+#: pairs (event, tool, hook names) dispatch after dispatch. Bounded: cleared when full, and a
+#: long value is never kept.
+_PAIRS: dict[tuple[bytes, str, Any, type], bytes] = {}
+_PAIRS_MAX = 4096
+_PAIR_VALUE_MAX = 256
+_CACHED = (str, bool, int)
+
+
+def _pair(tag: bytes, key: str, value: Any) -> bytes:
+    kind = type(value)
+    if kind not in _CACHED or (kind is str and len(value) > _PAIR_VALUE_MAX):
+        return _field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", _value(value)))
+    cache_key = (tag, key, value, kind)  # the type: True == 1, and both hash alike
+    encoded = _PAIRS.get(cache_key)
+    if encoded is None:
+        encoded = _field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", _value(value)))
+        if len(_PAIRS) >= _PAIRS_MAX:
+            _PAIRS.clear()
+        _PAIRS[cache_key] = encoded
+    return encoded
+
+
 def _attributes(tag: bytes, attrs: Mapping[str, Any]) -> list[bytes]:
     """Repeated ``KeyValue`` fields."""
-    return [
-        _field(tag, _field(b"\x0a", k.encode()) + _field(b"\x12", _value(v)))
-        for k, v in attrs.items()
-    ]
+    return [_pair(tag, k, v) for k, v in attrs.items()]
 
 
 #: OTLP's Span.SpanKind: the API's SpanKind + 1 (0 is "unspecified" on the wire).
 _KIND = {kind: _SMALL[kind.value + 1] for kind in SpanKind}
 
 
+#: The start of a ``Span``: trace id (field 1, 16 bytes) and span id (2, 8), tags and lengths
+#: included, packed at once; and the two times (fields 7 and 8, fixed64).
+_IDS = struct.Struct(">2s16s2s8s").pack
+_TIMES = struct.Struct("<cQcQ").pack
+
+
 def encode_span(span: LightSpan) -> bytes:
     """The ``Span`` message of one of HookBus's spans."""
     context = span.context
     parts = [
-        _field(b"\x0a", context.trace_id.to_bytes(16, "big")),
-        _field(b"\x12", context.span_id.to_bytes(8, "big")),
-    ]
+        _IDS(b"\x0a\x10", context.trace_id.to_bytes(16, "big"), b"\x12\x08",
+             context.span_id.to_bytes(8, "big"))
+    ]  # fmt: skip
     if span.trace_state:
         parts.append(_field(b"\x1a", span.trace_state.encode()))
     if span.parent_id:
-        parts.append(_field(b"\x22", span.parent_id.to_bytes(8, "big")))
-    parts += [
-        _field(b"\x2a", span.name.encode()),
-        b"\x30" + _KIND[span.kind],
-        b"\x39" + _fixed64(span.start_ns),
-        b"\x41" + _fixed64(span.end_ns),
-        *_attributes(b"\x4a", span.attributes),
-    ]
+        parts.append(b"\x22\x08" + span.parent_id.to_bytes(8, "big"))
+    parts.append(_name(span.name))
+    parts.append(b"\x30" + _KIND[span.kind])
+    parts.append(_TIMES(b"\x39", span.start_ns, b"\x41", span.end_ns))
+    for k, v in span.attributes.items():
+        parts.append(_pair(b"\x4a", k, v))
     for name, ts, attrs in span.events or ():
         event = [b"\x09" + _fixed64(ts), _field(b"\x12", name.encode())]
         parts.append(_field(b"\x5a", b"".join(event + _attributes(b"\x1a", attrs))))
     for link in span.links:
         parts.append(
-            _field(
-                b"\x6a",
-                _field(b"\x0a", link.trace_id.to_bytes(16, "big"))
-                + _field(b"\x12", link.span_id.to_bytes(8, "big")),
-            )
-        )
+            b"\x6a\x1c"
+            + _IDS(b"\x0a\x10", link.trace_id.to_bytes(16, "big"), b"\x12\x08",
+                   link.span_id.to_bytes(8, "big"))
+        )  # fmt: skip
     if span.status_code:
         status = _field(b"\x12", span.status_message.encode()) if span.status_message else b""
         parts.append(_field(b"\x7a", status + b"\x18" + _SMALL[span.status_code]))
@@ -151,6 +175,21 @@ def encode_span(span: LightSpan) -> bytes:
     flags = int(context.trace_flags) | 0x100 | (0x200 if span.parent_remote else 0)
     parts.append(b"\x85\x01" + _fixed32(flags))
     return b"".join(parts)
+
+
+#: Encoded name fields (field 5), kept as ``_PAIRS`` are: span names repeat.
+_NAMES: dict[str, bytes] = {}
+
+
+def _name(name: str) -> bytes:
+    encoded = _NAMES.get(name)
+    if encoded is None:
+        encoded = _field(b"\x2a", name.encode())
+        if len(name) <= _PAIR_VALUE_MAX:
+            if len(_NAMES) >= _PAIRS_MAX:
+                _NAMES.clear()
+            _NAMES[name] = encoded
+    return encoded
 
 
 def _pb_value(value: Any) -> AnyValue:
@@ -215,7 +254,7 @@ class SpanExport:
         #: spans queued, exported (the receiver said 2xx), dropped (queue full), failed (the
         #: receiver refused their batch or did not answer in time)
         self.stats = collections.Counter[str]()
-        self._queue: collections.deque[LightSpan | ReadableSpan] = collections.deque()
+        self._queue: collections.deque[bytes | ReadableSpan] = collections.deque()
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -239,11 +278,23 @@ class SpanExport:
     # -- on the application's threads: O(1), no I/O --------------------------------------------
 
     def add(self, span: LightSpan | ReadableSpan) -> None:
+        """Queue a finished span. HookBus's own are encoded here, on the caller's thread
+        (~2 µs): the queue then holds bytes, which the garbage collector does not track.
+        Why: queued spans are objects that live until the next export, and thousands of
+        them made the collector run every few dozen dispatches on the loop (profiled:
+        docs/performance.md, "Tracing")."""
         queue = self._queue
         if len(queue) >= self.max_queue or self._stopping:
             self.stats["dropped"] += 1
             return
-        queue.append(span)
+        if isinstance(span, ReadableSpan):
+            queue.append(span)
+        else:
+            try:
+                queue.append(_field(b"\x12", encode_span(span)))
+            except Exception as exc:  # a value protobuf cannot carry: count it, go on
+                self._failed(1, f"could not encode span {span.name!r}: {exc!r}")
+                return
         if len(queue) >= self.batch and not self._wake.is_set():
             self._wake.set()
 
@@ -284,29 +335,31 @@ class SpanExport:
         finally:
             self._idle.set()
 
-    def _encode(self, batch: Sequence[LightSpan | ReadableSpan]) -> bytes:
-        """One ``ExportTraceServiceRequest``: HookBus's spans in one ``ResourceSpans``, the
-        application's as the SDK encodes them (serialized messages concatenate into one)."""
+    def _encode(self, batch: Sequence[bytes | ReadableSpan]) -> bytes:
+        """One ``ExportTraceServiceRequest``: HookBus's spans (encoded when queued) in one
+        ``ResourceSpans``, the application's as the SDK encodes them (serialized messages
+        concatenate into one)."""
         ours: list[bytes] = []
         theirs: list[ReadableSpan] = []
         sdk: list[bytes] = []
-        for start in range(0, len(batch), SLICE):
-            for span in batch[start : start + SLICE]:
-                if isinstance(span, ReadableSpan):
-                    theirs.append(span)
-                else:
-                    ours.append(_field(b"\x12", encode_span(span)))
-            if len(theirs) >= SLICE or (theirs and start + SLICE >= len(batch)):
+        for span in batch:
+            if isinstance(span, bytes):
+                ours.append(span)
+                continue
+            theirs.append(span)
+            if len(theirs) >= SLICE:
                 sdk.append(encode_spans(theirs).SerializeToString())
                 theirs = []
-            time.sleep(0)  # gives the GIL back: the event loop's thread takes it if it waits
+                time.sleep(0)  # gives the GIL back: the event loop's thread takes it if it waits
+        if theirs:
+            sdk.append(encode_spans(theirs).SerializeToString())
         body = b"".join(sdk)
         if ours:
             scope_spans = _field(b"\x12", self.scope + b"".join(ours))
             body = _field(b"\x0a", self.resource + scope_spans) + body
         return gzip.compress(body) if self.gzip else body
 
-    def _send(self, batch: Sequence[LightSpan | ReadableSpan]) -> None:
+    def _send(self, batch: Sequence[bytes | ReadableSpan]) -> None:
         import requests  # the SDK's OTLP/HTTP exporter's own HTTP client
 
         try:

@@ -27,7 +27,6 @@ request's ``traceparent``). Async hook spans link to the span that published the
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import importlib.util
@@ -248,35 +247,51 @@ def shutdown() -> None:
     _export, _sdk_spans = None, False
 
 
+#: Metric attributes as (key, value) pairs: hashable, so records of the same series share a list.
+Attrs = tuple[tuple[str, Any], ...]
+
+
 class _Deferred:
     """Histogram records taken on the event loop and recorded into the SDK off it.
 
     Profiled, one ``Histogram.record`` of the SDK costs ~6-12 µs (attribute hashing, views,
-    aggregation, exemplars) and a dispatch makes two. Appending to a deque costs well under a
-    microsecond; the span export thread and the metric reader's thread (before each collection)
-    record them, a few at a time between releases of the GIL. Past ``LIMIT`` waiting records,
-    a record is made at once instead: none is lost.
+    aggregation, exemplars) and a dispatch makes two. Here a record appends a float to the
+    list of its (histogram, attributes): well under a microsecond, and nothing the garbage
+    collector tracks (a record kept as a tuple and a dict until the next drain made the
+    collector run every few dozen dispatches: docs/performance.md, "Tracing"). The span
+    export thread and the metric reader's thread (before each collection) record them into
+    the SDK, a few at a time between releases of the GIL. Past ``LIMIT`` waiting values, a
+    record is made at once instead: none is lost.
     """
 
     LIMIT = 65_536
 
     def __init__(self) -> None:
-        self.queue: collections.deque[tuple[Any, float, dict[str, Any]]] = collections.deque()
-        self.lock = threading.Lock()
+        self.pending: dict[tuple[Any, Attrs], list[float]] = {}
+        self.count = 0
+        self.lock = threading.Lock()  # held only to add a value or take the whole table
 
-    def record(self, histogram: Any, value: float, attrs: dict[str, Any]) -> None:
-        if len(self.queue) >= self.LIMIT:
-            histogram.record(value, attrs)
-        else:
-            self.queue.append((histogram, value, attrs))
+    def record(self, histogram: Any, value: float, attrs: Attrs) -> None:
+        """``attrs``: the attributes as (key, value) pairs."""
+        with self.lock:
+            if self.count < self.LIMIT:
+                self.count += 1
+                values = self.pending.get((histogram, attrs))
+                if values is None:
+                    self.pending[(histogram, attrs)] = [value]
+                else:
+                    values.append(value)
+                return
+        histogram.record(value, dict(attrs))
 
     def drain(self) -> None:
-        with self.lock:  # two threads may drain; each record is made once either way
-            queue = self.queue
-            n = 0
-            while queue:
-                histogram, value, attrs = queue.popleft()
-                histogram.record(value, attrs)
+        with self.lock:  # two threads may drain; each takes the values the other has not
+            pending, self.pending, self.count = self.pending, {}, 0
+        n = 0
+        for (histogram, attrs), values in pending.items():
+            attributes = dict(attrs)
+            for value in values:
+                histogram.record(value, attributes)
                 n += 1
                 if n % 64 == 0:
                     time.sleep(0)  # gives the GIL back to the event loop's thread
@@ -402,6 +417,7 @@ class LightSpan(Span):
         self.end_ns = time.time_ns() if end_time is None else end_time
         if self.recording and _export is not None and self.context.trace_flags.sampled:
             _export.add(self)
+        self._base = None  # what it held only while it ran: an ended span keeps no context
 
     # as a context manager: the current span while it runs, ended on the way out
     def __enter__(self) -> LightSpan:
@@ -415,6 +431,7 @@ class LightSpan(Span):
         tb: TracebackType | None,
     ) -> None:
         detach(self._token)  # type: ignore[arg-type]
+        self._token = None
         if exc is not None and self.recording:
             if not self.status_code:
                 self.set_status(StatusCode.ERROR, f"{kind.__name__ if kind else ''}: {exc}")
@@ -575,7 +592,9 @@ def instrument(runner: EventRunner) -> EventRunner:
             outcomes = await gather(event, ctx, sequential=sequential)
             record_outcomes(dispatch, event, attrs, outcomes, start, local=is_local)
         _deferred.record(
-            _instruments()["dispatch"], (time.time_ns() - start) / 1e9, {"hook.event": event.value}
+            _instruments()["dispatch"],
+            (time.time_ns() - start) / 1e9,
+            (("hook.event", event.value),),
         )
         return outcomes
 
@@ -610,7 +629,7 @@ def record_outcomes(
                               "hook.action": tag})  # fmt: skip
             inst["shadowed"].add(1, {"hook.name": o.spec.name, "hook.mode": o.spec.mode})
         _deferred.record(
-            inst["hook"], o.elapsed, {"hook.name": o.spec.name, "hook.event": event.value}
+            inst["hook"], o.elapsed, (("hook.name", o.spec.name), ("hook.event", event.value))
         )
         action = action_tag(o.action)
         if o.failure is not None:

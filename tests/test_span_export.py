@@ -4,6 +4,7 @@ on the receiver."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -16,10 +17,13 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
-from bus.span_export import encode_span
-from bus.telemetry import LightSpan, context_from
+from bus.span_export import SpanExport, encode_span
+from bus.telemetry import LightSpan, _Deferred, context_from
 from tests.harness import ROOT
 from tests.otlp_receiver import OTLPReceiver
 
@@ -247,3 +251,84 @@ def test_exported_request_is_one_otlp_message() -> None:
     spans = [s for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
              for ss in rs.scope_spans for s in ss.spans]  # fmt: skip
     assert len(spans) == 9
+
+
+def _ended(i: int, attrs: dict[str, Any]) -> LightSpan:
+    context = SpanContext(i + 1, i + 1, False, TraceFlags(TraceFlags.SAMPLED))
+    span = LightSpan(f"dispatch {i % 3}", context, context, SpanKind.INTERNAL, attrs, (), 1, True,
+                     None)  # fmt: skip
+    span.end(2)
+    return span
+
+
+def test_a_cached_attribute_keeps_its_type_and_a_long_one_is_whole() -> None:
+    """Encoded pairs are kept by key, value and type: ``True == 1``, yet one is a bool and the
+    other an int on the wire; a value too long to keep is still written whole."""
+    long = "x" * 5000
+    attrs = [{"a": True}, {"a": 1}, {"a": True}, {"a": long}]
+    decoded = [PbSpan.FromString(encode_span(_ended(i, a))) for i, a in enumerate(attrs)]
+    values = [d.attributes[0].value for d in decoded]
+    assert [v.WhichOneof("value") for v in values] == [
+        "bool_value", "int_value", "bool_value", "string_value"
+    ]  # fmt: skip
+    assert values[1].int_value == 1 and values[3].string_value == long
+
+
+def test_spans_and_metric_records_waiting_for_export_hold_nothing_the_collector_tracks() -> None:
+    """Between two exports a process queues thousands of spans and histogram records. Kept as
+    objects (a span, its attributes and context; a tuple and a dict per record) they made the
+    garbage collector run every few dozen dispatches on the event loop (docs/performance.md,
+    "Tracing"): now what waits is bytes and floats. gen-0's count is the number of tracked
+    objects allocated and still alive since the last collection."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+           "OTEL_BSP_MAX_QUEUE_SIZE": "4096", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096",
+           "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # fmt: skip
+    export = SpanExport(Resource.create({}), env)
+    histogram = (
+        MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("t").create_histogram("h")
+    )
+    deferred = _Deferred()
+    try:
+        gc.disable()
+        gc.collect()
+        before = gc.get_count()[0]
+        for i in range(1000):
+            export.add(_ended(i, {"hook.event": "PreToolUse", "session.id": f"s{i % 7}"}))
+            deferred.record(histogram, i / 1000, (("hook.name", f"h{i % 3}"),))
+        grown = gc.get_count()[0] - before
+        assert len(export._queue) == 1000 and deferred.count == 1000
+        assert grown < 50, f"{grown} tracked objects kept for 1,000 spans and records"
+    finally:
+        gc.enable()
+        export.shutdown(0)
+
+
+def test_deferred_records_reach_their_histograms_whole_when_two_threads_drain() -> None:
+    """Records taken on the loop reach the SDK once each, per series, whichever of the two
+    draining threads (span export, metric reader) takes them; past the limit a record is made
+    at once."""
+    reader = InMemoryMetricReader()
+    histogram = MeterProvider(metric_readers=[reader]).get_meter("t").create_histogram("h")
+    deferred = _Deferred()
+    deferred.LIMIT = 5_000
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            deferred.drain()
+
+    drainers = [threading.Thread(target=drain) for _ in range(2)]
+    for t in drainers:
+        t.start()
+    try:
+        for i in range(20_000):
+            deferred.record(histogram, 1.0, (("series", f"s{i % 4}"),))
+    finally:
+        stop.set()
+        for t in drainers:
+            t.join()
+    deferred.drain()
+    data = reader.get_metrics_data()
+    [points] = [m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics]  # fmt: skip
+    assert {p.attributes["series"]: p.count for p in points} == {f"s{k}": 5_000 for k in range(4)}
