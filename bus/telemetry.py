@@ -293,7 +293,7 @@ class _Deferred:
             for value in values:
                 histogram.record(value, attributes)
                 n += 1
-                if n % 64 == 0:
+                if n % 8 == 0:
                     time.sleep(0)  # gives the GIL back to the event loop's thread
 
 
