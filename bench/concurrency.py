@@ -23,7 +23,10 @@ paced
     ~1,500/s for 32; a real agent thinks for seconds between tool calls), so that 32 agents
     load the machine without saturating it.
 
-Every agent warms up, is timed for its share of the samples, then keeps calling (untimed) until
+After the warm-up the process freezes its heap (``gc.freeze()``, as HookBus's services do at
+start-up and as a long-running agent host should): a full collection then walks only what came
+after, instead of stalling every agent for tens of milliseconds (docs/performance.md, "Garbage
+collection"). Every agent warms up, is timed for its share of the samples, then keeps calling (untimed) until
 every agent of the level has its samples, so that each timed call runs with exactly C agents
 calling. The series take turns in rounds, so that a noisy moment spreads over all of them.
 
@@ -43,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import math
 import os
 import random
@@ -81,6 +83,7 @@ from bus.actions import Continue
 from bus.events import PreToolUseContext
 from bus.protocol import raw
 from bus.settings import BusSettings, HookSettings
+from workers.cli.common import freeze_start_up_heap
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 SERIES = ("shared", "each", "floor")
@@ -329,7 +332,7 @@ async def measure(loop: str, plan: Plan, agents: Agents, level: int) -> list[dic
     timed = plan.per_agent(level)
     for series in SERIES:  # warm up: connections in the pools, sessions cached
         await agents_calling(calls[series], plan.warmup, 0, plan.think_ms, seed=0)
-    gc.collect()
+    freeze_start_up_heap()  # as a long-running agent host should (docs/performance.md)
     rounds: dict[str, list[list[int]]] = {series: [] for series in SERIES}
     for rnd in range(plan.rounds):
         order = SERIES[rnd % len(SERIES) :] + SERIES[: rnd % len(SERIES)]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import math
 import os
 import signal
@@ -71,6 +70,7 @@ from bus.hooks import AgentHook
 from bus.keys import Keys
 from bus.protocol import DecisionRequest, HookReply, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings, HookSettings
+from workers.cli.common import freeze_start_up_heap
 from workers.redis_server import RedisServer
 
 HOOK_COUNTS = (1, 3, 8)
@@ -166,7 +166,7 @@ async def alternate(plan: Plan, calls: dict[str, Call]) -> dict[str, list[int]]:
     """Warm every call up, then time them in alternating batches."""
     for call in calls.values():
         await time_calls(call, plan.warmup)
-    gc.collect()
+    freeze_start_up_heap()  # as a long-running agent host should (docs/performance.md)
     samples: dict[str, list[int]] = {label: [] for label in calls}
     for _ in range(plan.rounds):
         for label, call in calls.items():

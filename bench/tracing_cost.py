@@ -61,6 +61,7 @@ async def _agent(out: TextIO) -> None:
     from bench.sync_dispatch import context
     from bus import HookSettings, telemetry
     from bus.settings import BusSettings
+    from workers.cli.common import freeze_start_up_heap
 
     traced = telemetry.configure("bench-agent")
     client = await HookClient(BusSettings.from_env(), HookSettings(hook_timeout_secs=5)).start()
@@ -73,6 +74,7 @@ async def _agent(out: TextIO) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError("hook bench-noop-1 never became live")
             await asyncio.sleep(0.02)
+        freeze_start_up_heap()  # as a long-running agent host should (docs/performance.md)
         print(json.dumps({"ready": True, "traced": traced}), file=out, flush=True)
         dispatched = 0
         while line := await loop.run_in_executor(None, sys.stdin.readline):

@@ -505,3 +505,23 @@ def test_every_variable_hookbus_reads_is_documented() -> None:
         for path in (ROOT / package).rglob("*.py"):
             read |= set(re.findall(r'"(HOOKBUS_[A-Z_]*[A-Z])"', path.read_text()))
     assert sorted(read - KNOWN_VARIABLES - {"HOOKBUS_REDIS_URI"}) == []
+
+
+def test_a_service_freezes_its_start_up_heap_before_it_serves() -> None:
+    """What start-up made is out of the collector's reach while the service runs, so that a full
+    collection walks only what came after (docs/performance.md, "Garbage collection")."""
+    import gc
+
+    from workers.cli.common import serve
+
+    seen: list[int] = []
+
+    async def main(stop: object) -> None:
+        seen.append(gc.get_freeze_count())
+
+    gc.unfreeze()
+    try:
+        assert serve(main, "test") == 0
+    finally:
+        gc.unfreeze()
+    assert seen and seen[0] > 10_000  # the interpreter, the modules, pytest's own objects
