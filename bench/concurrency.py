@@ -28,7 +28,8 @@ start-up and as a long-running agent host should): a full collection then walks 
 after, instead of stalling every agent for tens of milliseconds (docs/performance.md, "Garbage
 collection"). Every agent warms up, is timed for its share of the samples, then keeps calling
 (untimed) until every agent of the level has its samples, so that each timed call runs with
-exactly C agents calling. The series take turns in rounds, so that a noisy moment spreads over all of them.
+exactly C agents calling. The series take turns in rounds, so that a noisy moment spreads over
+all of them.
 
 The targets, in the closed loop with 32 agents, for both HookBus series (shared and each): p99
 at most 1.2x the floor's p99, and throughput (dispatches/s) at least 0.95x the floor's. On a
