@@ -238,7 +238,8 @@ class AsyncHookWorker:
                 continue
             for stream, entries in batches:
                 held = self._in_flight[stream]
-                held.update(entry_id for entry_id, _ in entries)
+                ids = [entry_id for entry_id, _ in entries]
+                held.update(ids)
                 try:
                     async with self._busy:
                         await self.process(stream, entries)
@@ -253,7 +254,7 @@ class AsyncHookWorker:
                         "a batch of %s failed; it will be retried", stream, exc_info=True
                     )
                 finally:
-                    held.difference_update(entry_id for entry_id, _ in entries)
+                    held.difference_update(ids)
 
     async def _read(self) -> list[tuple[str, list[Entry]]]:
         """The next batch: entries claimed from a silent replica first, then new ones. The side
@@ -418,10 +419,11 @@ class AsyncHookWorker:
         failures: dict[bytes, str] = {}
         waiting: list[tuple[bytes, asyncio.Task[str | None]]] = []
         loop = asyncio.get_running_loop()
+        hook = self.hook
         for entry_id, delivered in todo:
             token = current_event.set(delivered)
             try:
-                method = getattr(self.hook, ASYNC_METHODS[delivered.event])
+                method = getattr(hook, ASYNC_METHODS[delivered.event])
                 done, rest = eager(method(delivered.context))
                 if not done:  # the task copies the context, current_event included
                     waiting.append((entry_id, loop.create_task(self._call(rest, delivered))))
