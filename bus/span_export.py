@@ -42,7 +42,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import SpanKind
 from opentelemetry.util.re import parse_env_headers
 
 if TYPE_CHECKING:
@@ -133,30 +132,25 @@ def _attributes(tag: bytes, attrs: Mapping[str, Any]) -> list[bytes]:
     return [_pair(tag, k, v) for k, v in attrs.items()]
 
 
-#: OTLP's Span.SpanKind: the API's SpanKind + 1 (0 is "unspecified" on the wire).
-_KIND = {kind: _SMALL[kind.value + 1] for kind in SpanKind}
-
-
 #: The start of a ``Span``: trace id (field 1, 16 bytes) and span id (2, 8), tags and lengths
-#: included, packed at once; and the two times (fields 7 and 8, fixed64).
+#: included, packed at once. (Protobuf reads fields in any order.)
 _IDS = struct.Struct(">2s16s2s8s").pack
-_TIMES = struct.Struct("<cQcQ").pack
+#: Kind (field 6: OTLP's SpanKind, the API's + 1, one byte) and the two times (7 and 8, fixed64).
+_KIND_TIMES = struct.Struct("<cBcQcQ").pack
 
 
 def encode_span(span: LightSpan) -> bytes:
     """The ``Span`` message of one of HookBus's spans."""
-    context = span.context
     parts = [
-        _IDS(b"\x0a\x10", context.trace_id.to_bytes(16, "big"), b"\x12\x08",
-             context.span_id.to_bytes(8, "big"))
+        _IDS(b"\x0a\x10", span.trace_id.to_bytes(16, "big"), b"\x12\x08",
+             span.span_id.to_bytes(8, "big")),
+        _name(span.name),
+        _KIND_TIMES(b"\x30", span.kind._value_ + 1, b"\x39", span.start_ns, b"\x41", span.end_ns),
     ]  # fmt: skip
-    if span.trace_state:
-        parts.append(_field(b"\x1a", span.trace_state.encode()))
+    if span.state:
+        parts.append(_field(b"\x1a", span.state.to_header().encode()))
     if span.parent_id:
         parts.append(b"\x22\x08" + span.parent_id.to_bytes(8, "big"))
-    parts.append(_name(span.name))
-    parts.append(b"\x30" + _KIND[span.kind])
-    parts.append(_TIMES(b"\x39", span.start_ns, b"\x41", span.end_ns))
     for k, v in span.attributes.items():
         parts.append(_pair(b"\x4a", k, v))
     for name, ts, attrs in span.events or ():
@@ -172,7 +166,7 @@ def encode_span(span: LightSpan) -> bytes:
         status = _field(b"\x12", span.status_message.encode()) if span.status_message else b""
         parts.append(_field(b"\x7a", status + b"\x18" + _SMALL[span.status_code]))
     # flags: the trace flags, and "whether the parent is remote is known" (0x100) + remote (0x200)
-    flags = int(context.trace_flags) | 0x100 | (0x200 if span.parent_remote else 0)
+    flags = span.flags | 0x100 | (0x200 if span.parent_remote else 0)
     parts.append(b"\x85\x01" + _fixed32(flags))
     return b"".join(parts)
 

@@ -39,8 +39,9 @@ from types import TracebackType
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.context import Context, attach, detach
+from opentelemetry.context import Context, attach, detach, get_current
 from opentelemetry.trace import (
+    INVALID_SPAN,
     INVALID_SPAN_CONTEXT,
     Link,
     NonRecordingSpan,
@@ -329,17 +330,26 @@ def span_stats() -> dict[str, int]:
 
 class LightSpan(Span):
     """One span HookBus records itself. It is an API ``Span``: while it is current, the
-    application's code that asks for the current span gets it, and may add to it."""
+    application's code that asks for the current span gets it, and may add to it.
 
-    __slots__ = ("_base", "_token", "attributes", "context", "end_ns", "events", "kind", "links",
-                 "name", "parent_id", "parent_remote", "recording", "start_ns", "status_code",
-                 "status_message", "trace_state", "w3c")  # fmt: skip
+    Its ids and flags are plain fields; the API's ``SpanContext`` is built only when someone
+    asks for it (``get_span_context``): HookBus's own path reads the fields (profiled, the
+    property calls of a ``SpanContext`` were a sixth of the calls tracing adds to a dispatch)."""
+
+    __slots__ = ("_base", "_context", "_token", "attributes", "end_ns", "events", "flags",
+                 "kind", "links", "name", "parent_id", "parent_remote", "recording", "span_id",
+                 "start_ns", "state", "status_code", "status_message", "trace_id",
+                 "w3c")  # fmt: skip
 
     def __init__(
         self,
         name: str,
-        context: SpanContext,
-        parent: SpanContext,
+        trace_id: int,
+        span_id: int,
+        flags: int,
+        state: TraceState | None,
+        parent_id: int,
+        parent_remote: bool,
         kind: SpanKind,
         attributes: dict[str, Any],
         links: Sequence[SpanContext],
@@ -348,9 +358,12 @@ class LightSpan(Span):
         base: Context | None,
     ) -> None:
         self.name = name
-        self.context = context
-        self.parent_id = parent.span_id if parent.is_valid else 0
-        self.parent_remote = parent.is_remote
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.flags = flags  # the W3C trace flags: 1 = sampled
+        self.state = state
+        self.parent_id = parent_id  # 0: a root span
+        self.parent_remote = parent_remote
         self.kind = kind
         self.attributes = attributes
         self.links = links
@@ -359,18 +372,25 @@ class LightSpan(Span):
         self.events: list[tuple[str, int, Mapping[str, Any]]] | None = None
         self.status_code = 0
         self.status_message = ""
-        state = context.trace_state
-        self.trace_state = state.to_header() if state else ""
         self.recording = recording
         self._base = base
         self._token: object = None
+        self._context: SpanContext | None = None
         self.w3c: tuple[str, str] | None = None  # its traceparent and tracestate, once asked
+
+    @property
+    def context(self) -> SpanContext:
+        return self.get_span_context()
 
     def is_recording(self) -> bool:
         return self.recording
 
     def get_span_context(self) -> SpanContext:
-        return self.context
+        if self._context is None:
+            self._context = SpanContext(
+                self.trace_id, self.span_id, False, TraceFlags(self.flags), self.state
+            )
+        return self._context
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self.recording and not self.end_ns:
@@ -415,7 +435,7 @@ class LightSpan(Span):
         if self.end_ns:
             return
         self.end_ns = time.time_ns() if end_time is None else end_time
-        if self.recording and _export is not None and self.context.trace_flags.sampled:
+        if self.recording and _export is not None and self.flags & 1:
             _export.add(self)
         self._base = None  # what it held only while it ran: an ended span keeps no context
 
@@ -447,6 +467,20 @@ _sampler: Any = None
 _ids: Any = None
 
 
+#: The key under which the API keeps the current span in a context: read off the API once
+#: (``set_span_in_context``) rather than imported under its private name, so that
+#: ``_current_span`` is one lookup instead of the API's three calls and an ABC check.
+_SPAN_KEY = next(iter(trace.set_span_in_context(INVALID_SPAN, Context())))
+
+
+def _current_span(context: Context | None = None) -> Span:
+    """``trace.get_current_span(context)``, for the hot path."""
+    span = (get_current() if context is None else context).get(_SPAN_KEY)
+    if span is None or (type(span) is not LightSpan and not isinstance(span, Span)):
+        return INVALID_SPAN
+    return span
+
+
 def start_span(
     name: str,
     attributes: dict[str, Any] | None = None,
@@ -460,35 +494,46 @@ def start_span(
     """A HookBus span, child of the span current in ``context`` (default: the current one), or
     of ``parent`` (a remote span context: then the span starts from an empty context); sampled
     as the provider's sampler decides. Only when ``light()`` is True."""
+    remote = parent is not None
     if parent is None:
-        parent = trace.get_current_span(context).get_span_context()
-    else:
-        context = Context()
-        if parent.is_valid:
-            context = trace.set_span_in_context(NonRecordingSpan(parent), context)
+        current = _current_span(context)
+        if type(current) is LightSpan:  # HookBus's own: its fields, no SpanContext
+            valid, trace_id, parent_id = True, current.trace_id, current.span_id
+            parent_flags, parent_state, parent_remote = current.flags, current.state, False
+        else:
+            parent = current.get_span_context()
+    if parent is not None:
+        valid = parent.is_valid
+        trace_id, parent_id = parent.trace_id, parent.span_id if valid else 0
+        parent_flags, parent_state = int(parent.trace_flags), parent.trace_state
+        parent_remote = parent.is_remote
+        if remote:
+            context = _EMPTY
+            if valid and not _default_sampler:  # a sampler reads the parent from the context
+                context = trace.set_span_in_context(NonRecordingSpan(parent), Context())
     attrs = attributes if attributes is not None else {}
-    valid = parent.is_valid
-    trace_id = parent.trace_id if valid else _ids.generate_trace_id()
+    if not valid:
+        trace_id = _ids.generate_trace_id()
     if _default_sampler:
         # parentbased_always_on (the SDK's default): a child follows its parent, a root is
         # sampled. The same decision as the sampler's, without its objects.
-        sampled = recording = parent.trace_flags.sampled if valid else True
-        state = parent.trace_state if valid else None
+        sampled = recording = bool(parent_flags & 1) if valid else True
+        state = parent_state if valid else None
     else:
         decision = _sampler.should_sample(context, trace_id, name, kind, attrs, links)
         sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
         state = decision.trace_state
         if decision.attributes:
             attrs.update(decision.attributes)
-    span_context = SpanContext(
-        trace_id, _ids.generate_span_id(), False, _SAMPLED if sampled else _NOT_SAMPLED, state
-    )
-    return LightSpan(name, span_context, parent, kind, attrs,
+    return LightSpan(name, trace_id, _ids.generate_span_id(), 1 if sampled else 0, state,
+                     parent_id if valid else 0, valid and parent_remote, kind, attrs,
                      tuple(lk.context for lk in links) if links else (),
                      time.time_ns() if start_ns is None else start_ns, recording,
                      context)  # fmt: skip
 
 
+#: The base context of a span whose parent is remote (the span itself is put in on entry).
+_EMPTY = Context()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -584,17 +629,18 @@ def instrument(runner: EventRunner) -> EventRunner:
         event: HookEvent, ctx: HookContext, *, sequential: bool = False
     ) -> list[Outcome]:
         tool, _ = tool_of(ctx)
-        attrs = {"hook.event": event.value, "session.id": session_of(ctx)}
+        name = event._value_  # the member's value without the enum's property (a call)
+        attrs = {"hook.event": name, "session.id": session_of(ctx)}
         if tool:
             attrs["tool.name"] = tool
         start = time.time_ns()
-        with span(f"dispatch {event.value}", dict(attrs)) as dispatch:
+        with span(f"dispatch {name}", dict(attrs)) as dispatch:
             outcomes = await gather(event, ctx, sequential=sequential)
             record_outcomes(dispatch, event, attrs, outcomes, start, local=is_local)
         _deferred.record(
             _instruments()["dispatch"],
             (time.time_ns() - start) / 1e9,
-            (("hook.event", event.value),),
+            (("hook.event", name),),
         )
         return outcomes
 
@@ -629,7 +675,7 @@ def record_outcomes(
                               "hook.action": tag})  # fmt: skip
             inst["shadowed"].add(1, {"hook.name": o.spec.name, "hook.mode": o.spec.mode})
         _deferred.record(
-            inst["hook"], o.elapsed, (("hook.name", o.spec.name), ("hook.event", event.value))
+            inst["hook"], o.elapsed, (("hook.name", o.spec.name), ("hook.event", event._value_))
         )
         action = action_tag(o.action)
         if o.failure is not None:
@@ -692,10 +738,14 @@ def headers() -> tuple[str, str]:
     """
     if not enabled():
         return "", ""
-    current = trace.get_current_span()
-    if isinstance(current, LightSpan):  # written once per span: a dispatch asks twice
+    current = _current_span()
+    if type(current) is LightSpan:  # written once per span, from its fields
         if current.w3c is None:
-            current.w3c = _w3c(current.context)
+            state = current.state.to_header() if current.state else ""
+            current.w3c = (
+                f"00-{current.trace_id:032x}-{current.span_id:016x}-{current.flags:02x}",
+                state,
+            )
         return current.w3c
     return _w3c(current.get_span_context())
 

@@ -44,12 +44,12 @@ def test_a_span_decodes_field_by_field_with_the_protobuf_classes() -> None:
     trace_id, span_id, parent_id = 0x0123456789ABCDEF0123456789ABCDEF, 0x1122334455667788, 0x99
     state = TraceState([("vendor", "value")])
     context = SpanContext(trace_id, span_id, False, TraceFlags(TraceFlags.SAMPLED), state)
-    parent = SpanContext(trace_id, parent_id, True, TraceFlags(TraceFlags.SAMPLED))
     linked = SpanContext(0xABC, 0xDEF, True)
     attrs = {"s": "é text", "t": True, "f": False, "i": -5, "big": 2**40, "x": 0.25,
              "list": ["a", "b"], "other": object.__name__}  # fmt: skip
-    span = LightSpan("dispatch PreToolUse", context, parent, SpanKind.CLIENT, dict(attrs),
-                     [linked], 1_000, True, None)  # fmt: skip
+    span = LightSpan("dispatch PreToolUse", trace_id, span_id, 1, state, parent_id, True,
+                     SpanKind.CLIENT, dict(attrs), [linked], 1_000, True, None)  # fmt: skip
+    assert span.get_span_context() == context
     span.add_event("Block", {"reason": "no"})
     span.set_status(StatusCode.ERROR, "it failed")
     span.end(2_000)
@@ -254,9 +254,8 @@ def test_exported_request_is_one_otlp_message() -> None:
 
 
 def _ended(i: int, attrs: dict[str, Any]) -> LightSpan:
-    context = SpanContext(i + 1, i + 1, False, TraceFlags(TraceFlags.SAMPLED))
-    span = LightSpan(f"dispatch {i % 3}", context, context, SpanKind.INTERNAL, attrs, (), 1, True,
-                     None)  # fmt: skip
+    span = LightSpan(f"dispatch {i % 3}", i + 1, i + 1, 1, None, i + 1, False, SpanKind.INTERNAL,
+                     attrs, (), 1, True, None)  # fmt: skip
     span.end(2)
     return span
 
