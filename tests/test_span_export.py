@@ -7,11 +7,13 @@ from __future__ import annotations
 import gc
 import json
 import os
+import ssl
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -331,3 +333,82 @@ def test_deferred_records_reach_their_histograms_whole_when_two_threads_drain() 
     [points] = [m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
                 for m in sm.metrics]  # fmt: skip
     assert {p.attributes["series"]: p.count for p in points} == {f"s{k}": 5_000 for k in range(4)}
+
+
+class _Receiver:
+    """An OTLP endpoint that answers 200 to every request and keeps each request's target: a
+    path, or, when it serves as an HTTP proxy, the absolute URL the client asked it for.
+    ``tls``: an SSL context to serve HTTPS with."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.targets: list[str] = []
+        targets = self.targets
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                targets.append(self.path)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        port = self.server.server_address[1]
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+    def __enter__(self) -> _Receiver:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_spans_go_through_the_proxy_the_environment_names() -> None:
+    """As the SDK's exporter (through requests) does: HTTP_PROXY is honoured, NO_PROXY too."""
+    far = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.invalid:4318",
+           "OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}  # fmt: skip
+    with _Receiver() as proxy:
+        via = {"HTTP_PROXY": proxy.endpoint, "http_proxy": proxy.endpoint}
+        [_, final] = scenario("traces", 3, **far, **via, NO_PROXY="", no_proxy="")
+        assert final["stats"] == {"exported": 9}
+        assert proxy.targets and all(
+            t == "http://collector.invalid:4318/v1/traces" for t in proxy.targets
+        )
+        [_, bypassed] = scenario("traces", 1, **far, **via, NO_PROXY="collector.invalid",
+                                 no_proxy="collector.invalid")  # fmt: skip
+        assert bypassed["stats"] == {"failed": 3}  # straight to a host that does not exist
+
+
+def test_a_receiver_over_tls_is_verified_and_may_ask_for_a_client_certificate(
+    tmp_path: Path,
+) -> None:
+    """Spans go over TLS only to a receiver whose certificate the configured CA signed (by
+    default certifi's bundle, as requests does), with the client certificate when it asks."""
+    from tests.test_tls import make_ca, make_cert
+
+    make_ca(tmp_path, "ca")
+    make_cert(tmp_path, "server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost")
+    make_cert(tmp_path, "client", "ca", "extendedKeyUsage=clientAuth")
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    tls.load_verify_locations(tmp_path / "ca.crt")
+    tls.verify_mode = ssl.CERT_REQUIRED
+    client = {"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(tmp_path / "client.crt"),
+              "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(tmp_path / "client.key")}  # fmt: skip
+    with _Receiver(tls) as receiver:
+        base = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_METRICS_EXPORTER": "none"}
+        ca = {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(tmp_path / "ca.crt")}
+        [_, trusted] = scenario("traces", 3, **base, **ca, **client)
+        [_, unknown_ca] = scenario("traces", 3, **base, **client)
+        [_, no_client_cert] = scenario("traces", 3, **base, **ca)
+        assert receiver.targets == ["/v1/traces"]  # the first run's one request, no other
+    assert trusted["stats"] == {"exported": 9}
+    assert unknown_ca["stats"] == {"failed": 9}
+    assert no_client_cert["stats"] == {"failed": 9}
