@@ -149,21 +149,25 @@ def test_sampling_off_exports_nothing_but_still_propagates() -> None:
     assert final["stats"] == {}
 
 
-class _Stuck:
-    """An OTLP endpoint that takes requests and answers none until released."""
+class _Receiver:
+    """An OTLP endpoint that keeps each request's target (a path, or, when it serves as an HTTP
+    proxy, the absolute URL the client asked it for) and answers ``status``; with ``hold``, not
+    before it is released (on the way out). ``tls``: an SSL context to serve HTTPS with."""
 
-    def __init__(self, status: int | None = None) -> None:
-        release = self.release = threading.Event()
-        self.requests = 0
-        stuck = self
+    def __init__(
+        self, tls: ssl.SSLContext | None = None, status: int = 200, hold: bool = False
+    ) -> None:
+        self.targets: list[str] = []
+        self.release = threading.Event()
+        targets, release = self.targets, self.release
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                stuck.requests += 1
-                if status is None:
+                targets.append(self.path)
+                if hold:
                     release.wait(60)
-                self.send_response(status or 200)
+                self.send_response(status)
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
@@ -171,9 +175,12 @@ class _Stuck:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        port = self.server.server_address[1]
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
 
-    def __enter__(self) -> _Stuck:
+    def __enter__(self) -> _Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
@@ -184,26 +191,26 @@ class _Stuck:
 
 
 @pytest.fixture
-def stuck() -> Iterator[_Stuck]:
-    with _Stuck() as endpoint:
+def stuck() -> Iterator[_Receiver]:
+    with _Receiver(hold=True) as endpoint:
         yield endpoint
 
 
-def test_a_silent_receiver_neither_blocks_the_loop_nor_grows_the_queue(stuck: _Stuck) -> None:
+def test_a_silent_receiver_neither_blocks_the_loop_nor_grows_the_queue(stuck: _Receiver) -> None:
     [made, final] = scenario(
         "stuck", 500, OTEL_EXPORTER_OTLP_ENDPOINT=stuck.endpoint, OTEL_METRICS_EXPORTER="none",
         OTEL_BSP_MAX_QUEUE_SIZE="20", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="10",
         OTEL_EXPORTER_OTLP_TIMEOUT="1",
     )  # fmt: skip
     assert made["made"] == 500  # the loop made every span while the receiver said nothing
-    assert stuck.requests >= 1
+    assert stuck.targets
     stats = final["stats"]
     assert stats["dropped"] > 0  # the queue stayed within 20 spans: the rest were dropped
     assert stats.get("exported", 0) == 0
     assert stats["dropped"] + stats["failed"] == 500  # every span accounted for
 
 
-def test_shutdown_ends_a_request_the_receiver_never_answers(stuck: _Stuck) -> None:
+def test_shutdown_ends_a_request_the_receiver_never_answers(stuck: _Receiver) -> None:
     """With the OTLP timeout at 60 s and a request out to a receiver that says nothing,
     shutdown still stops the export thread (before: it went on waiting for the request's
     timeout after shutdown returned), and the spans it held are counted failed."""
@@ -212,13 +219,13 @@ def test_shutdown_ends_a_request_the_receiver_never_answers(stuck: _Stuck) -> No
         OTEL_EXPORTER_OTLP_TIMEOUT="60", OTEL_BSP_SCHEDULE_DELAY="50",
         OTEL_BSP_MAX_EXPORT_BATCH_SIZE="5",
     )  # fmt: skip
-    assert made["made"] == 12 and stuck.requests >= 1
+    assert made["made"] == 12 and stuck.targets
     assert final["export_alive"] is False
     assert final["stats"] == {"failed": 12}
 
 
 def test_a_receiver_that_refuses_is_counted_and_the_loss_is_a_metric() -> None:
-    with _Stuck(status=503) as refusing, OTLPReceiver() as metrics:
+    with _Receiver(status=503) as refusing, OTLPReceiver() as metrics:
         [_, final] = scenario(
             "traces", 10, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{refusing.endpoint}/v1/traces",
             OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"{metrics.endpoint}/v1/metrics",
@@ -333,41 +340,6 @@ def test_deferred_records_reach_their_histograms_whole_when_two_threads_drain() 
     [points] = [m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
                 for m in sm.metrics]  # fmt: skip
     assert {p.attributes["series"]: p.count for p in points} == {f"s{k}": 5_000 for k in range(4)}
-
-
-class _Receiver:
-    """An OTLP endpoint that answers 200 to every request and keeps each request's target: a
-    path, or, when it serves as an HTTP proxy, the absolute URL the client asked it for.
-    ``tls``: an SSL context to serve HTTPS with."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.targets: list[str] = []
-        targets = self.targets
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                targets.append(self.path)
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        port = self.server.server_address[1]
-        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-
-    def __enter__(self) -> _Receiver:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_spans_go_through_the_proxy_the_environment_names() -> None:
