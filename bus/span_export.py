@@ -121,10 +121,15 @@ def _pair(tag: bytes, key: str, value: Any) -> bytes:
     encoded = _PAIRS.get(cache_key)
     if encoded is None:
         encoded = _field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", _value(value)))
-        if len(_PAIRS) >= _PAIRS_MAX:
-            _PAIRS.clear()
-        _PAIRS[cache_key] = encoded
+        _keep(_PAIRS, cache_key, encoded)
     return encoded
+
+
+def _keep(cache: dict[Any, bytes], key: Any, encoded: bytes) -> None:
+    """Keep ``encoded`` in ``cache`` (``_PAIRS`` or ``_NAMES``), emptied first when full."""
+    if len(cache) >= _PAIRS_MAX:
+        cache.clear()
+    cache[key] = encoded
 
 
 def _attributes(tag: bytes, attrs: Mapping[str, Any]) -> list[bytes]:
@@ -180,9 +185,7 @@ def _name(name: str) -> bytes:
     if encoded is None:
         encoded = _field(b"\x2a", name.encode())
         if len(name) <= _PAIR_VALUE_MAX:
-            if len(_NAMES) >= _PAIRS_MAX:
-                _NAMES.clear()
-            _NAMES[name] = encoded
+            _keep(_NAMES, name, encoded)
     return encoded
 
 
@@ -372,7 +375,8 @@ class SpanExport:
                 timeout=urllib3.Timeout(connect=timeout, read=timeout), retries=False,
                 redirect=False,
             )  # fmt: skip
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+        except Exception as exc:  # whatever the client raises: the batch is lost and counted,
+            # and this thread, which every later span needs, goes on
             self._failed(len(batch), f"{len(batch)} spans not exported to {self.endpoint}: {exc}")
             return
         if 200 <= response.status < 300:

@@ -257,8 +257,8 @@ class _Deferred:
 
     Profiled, one ``Histogram.record`` of the SDK costs ~6-12 µs (attribute hashing, views,
     aggregation, exemplars) and a dispatch makes two. Here a record appends a float to the
-    list of its (histogram, attributes): well under a microsecond, and nothing the garbage
-    collector tracks (a record kept as a tuple and a dict until the next drain made the
+    list of its (histogram, attributes) under a lock: no SDK call on the loop, and nothing the
+    garbage collector tracks (a record kept as a tuple and a dict until the next drain made the
     collector run every few dozen dispatches: docs/performance.md, "Tracing"). The span
     export thread and the metric reader's thread (before each collection) record them into
     the SDK, a few at a time between releases of the GIL. Past ``LIMIT`` waiting values, a
@@ -377,10 +377,6 @@ class LightSpan(Span):
         self._token: object = None
         self._context: SpanContext | None = None
         self.w3c: tuple[str, str] | None = None  # its traceparent and tracestate, once asked
-
-    @property
-    def context(self) -> SpanContext:
-        return self.get_span_context()
 
     def is_recording(self) -> bool:
         return self.recording
@@ -504,7 +500,7 @@ def start_span(
             parent = current.get_span_context()
     if parent is not None:
         valid = parent.is_valid
-        trace_id, parent_id = parent.trace_id, parent.span_id if valid else 0
+        trace_id, parent_id = parent.trace_id, parent.span_id
         parent_flags, parent_state = int(parent.trace_flags), parent.trace_state
         parent_remote = parent.is_remote
         if remote:
@@ -534,8 +530,6 @@ def start_span(
 
 #: The base context of a span whose parent is remote (the span itself is put in on entry).
 _EMPTY = Context()
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 def light() -> bool:
@@ -741,20 +735,16 @@ def headers() -> tuple[str, str]:
     current = _current_span()
     if type(current) is LightSpan:  # written once per span, from its fields
         if current.w3c is None:
-            state = current.state.to_header() if current.state else ""
-            current.w3c = (
-                f"00-{current.trace_id:032x}-{current.span_id:016x}-{current.flags:02x}",
-                state,
-            )
+            current.w3c = _w3c(current.trace_id, current.span_id, current.flags, current.state)
         return current.w3c
-    return _w3c(current.get_span_context())
-
-
-def _w3c(sc: SpanContext) -> tuple[str, str]:
+    sc = current.get_span_context()
     if not sc.is_valid:
         return "", ""
-    state = sc.trace_state.to_header() if sc.trace_state else ""
-    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}", state
+    return _w3c(sc.trace_id, sc.span_id, int(sc.trace_flags), sc.trace_state)
+
+
+def _w3c(trace_id: int, span_id: int, flags: int, state: TraceState | None) -> tuple[str, str]:
+    return f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}", state.to_header() if state else ""
 
 
 def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:

@@ -24,9 +24,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
+from bus import span_export
 from bus.span_export import SpanExport, encode_span
 from bus.telemetry import LightSpan, _Deferred, context_from
-from tests.harness import ROOT
+from tests.harness import ROOT, until
 from tests.otlp_receiver import OTLPReceiver
 
 
@@ -384,3 +385,38 @@ def test_a_receiver_over_tls_is_verified_and_may_ask_for_a_client_certificate(
     assert trusted["stats"] == {"exported": 9}
     assert unknown_ca["stats"] == {"failed": 9}
     assert no_client_cert["stats"] == {"failed": 9}
+
+
+def test_the_encoding_caches_stay_bounded_whatever_the_values() -> None:
+    """Attribute values and span names come from the wire (session ids, tool names): the kept
+    encodings are emptied when full and a long value is written whole but never kept."""
+    for i in range(span_export._PAIRS_MAX + 100):
+        encode_span(_ended(i, {"session.id": f"s{i}", "tool.name": "x" * 300 + str(i)}))
+        assert len(span_export._PAIRS) <= span_export._PAIRS_MAX
+        assert len(span_export._NAMES) <= span_export._PAIRS_MAX
+    assert not any(len(str(k[2])) > span_export._PAIR_VALUE_MAX for k in span_export._PAIRS)
+
+
+def test_a_client_that_fails_unexpectedly_loses_its_batch_counted_and_the_thread_goes_on() -> None:
+    """Whatever the HTTP client raises, the batch is counted failed and the export thread, which
+    every later span needs, keeps running."""
+
+    class Broken:
+        def urlopen(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a client bug")
+
+        def clear(self) -> None:
+            pass
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+           "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5", "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # fmt: skip
+    export = SpanExport(Resource.create({}), env)
+    export._http = Broken()
+    try:
+        for round_ in (1, 2):
+            for i in range(5):
+                export.add(_ended(i, {}))
+            until(lambda r=round_: export.stats["failed"] == 5 * r, f"round {round_} counted")
+            assert export._thread.is_alive()
+    finally:
+        export.shutdown(0)

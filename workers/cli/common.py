@@ -79,7 +79,7 @@ def freeze_start_up_heap() -> None:
     a service answering many agents keeps enough requests in flight that some survive into the
     oldest generation, and then a full collection over the whole heap stalls every request for
     tens of milliseconds (measured in a process of 32 clients: 33 ms; after ``gc.freeze()``,
-    under 2 ms). CPython's documentation advises it for this case."""
+    under 2 ms: docs/performance.md, "Garbage collection")."""
     gc.collect()
     gc.freeze()
 
