@@ -130,6 +130,12 @@ class AsyncHookWorker:
             else False
             for event in HookEvent
         }
+        # The hook's method for each event it takes, looked up once.
+        self._methods = {
+            event: getattr(hook, ASYNC_METHODS[event])
+            for event in HookEvent
+            if self._wanted[event] is not False
+        }
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}"
         self.redis = connect(settings)
         self.retention = Retention(self.redis, self.keys)
@@ -321,22 +327,26 @@ class AsyncHookWorker:
             return
         decoded, dead, acks = self._decode(stream, entries, decode_event)
         todo: list[tuple[bytes, DeliveredEvent]] = []
+        wanted_by_event, trace, skipped = self._wanted, self._trace, 0
         for entry_id, (message, event, ctx) in decoded:
-            try:
-                wanted = self._wants(event, ctx)
-            except Exception as exc:  # no event can stop the batch: it is a dead letter
-                reason = f"could not be matched: {type(exc).__name__}: {exc}"
-                extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
-                dead.append(dead_letter_entry(stream, reason, b"", **extra))
-                acks.append(entry_id)
-                continue
+            wanted = wanted_by_event[event]  # True, False, or None: the tool filter decides
+            if wanted is None:
+                try:
+                    wanted = self._matches(ctx)
+                except Exception as exc:  # no event can stop the batch: it is a dead letter
+                    reason = f"could not be matched: {type(exc).__name__}: {exc}"
+                    extra = {"hook": self.group, "entry_id": entry_id.decode(), "deliveries": "1"}
+                    dead.append(dead_letter_entry(stream, reason, b"", **extra))
+                    acks.append(entry_id)
+                    continue
             if not wanted:
-                self.stats["skipped"] += 1
+                skipped += 1
                 acks.append(entry_id)
                 continue
             todo.append((entry_id, DeliveredEvent(message.id, event, message.ts, ctx)))
             if message.traceparent:
-                self._trace[message.id] = (message.traceparent, message.tracestate)
+                trace[message.id] = (message.traceparent, message.tracestate)
+        self.stats["skipped"] += skipped
         failures: dict[bytes, str] = {}
         if todo:
             if self.hook.handles_batches:
@@ -350,7 +360,10 @@ class AsyncHookWorker:
                 }
             else:
                 failures = await self._call_each(todo)
-            acks.extend(entry_id for entry_id, _ in todo if entry_id not in failures)
+            if failures:
+                acks.extend(entry_id for entry_id, _ in todo if entry_id not in failures)
+            else:
+                acks.extend([entry_id for entry_id, _ in todo])
         self._trace.clear()
         self.stats["handled"] += len(todo) - len(failures)
         self.stats["failed"] += len(failures)
@@ -402,10 +415,8 @@ class AsyncHookWorker:
                 acks.append(entry_id)
         return parsed, dead, acks
 
-    def _wants(self, event: Any, ctx: Any) -> bool:
-        wanted = self._wanted[event]  # True, False, or None: the tool filter decides
-        if wanted is not None:
-            return wanted
+    def _matches(self, ctx: Any) -> bool:
+        """Whether the hook's tool filter takes this tool event."""
         name, args = tool_of(ctx)
         return name is None or self.spec.match_filter.matches(name, args)
 
@@ -419,18 +430,19 @@ class AsyncHookWorker:
         failures: dict[bytes, str] = {}
         waiting: list[tuple[bytes, asyncio.Task[str | None]]] = []
         loop = asyncio.get_running_loop()
-        hook = self.hook
-        for entry_id, delivered in todo:
-            token = current_event.set(delivered)
-            try:
-                method = getattr(hook, ASYNC_METHODS[delivered.event])
-                done, rest = eager(method(delivered.context))
-                if not done:  # the task copies the context, current_event included
-                    waiting.append((entry_id, loop.create_task(self._call(rest, delivered))))
-            except Exception as exc:
-                failures[entry_id] = f"{type(exc).__name__}: {exc}"
-            finally:
-                current_event.reset(token)
+        methods = self._methods
+        token = current_event.set(None)  # reset once, after the batch: each event sets it
+        try:
+            for entry_id, delivered in todo:
+                current_event.set(delivered)
+                try:
+                    done, rest = eager(methods[delivered.event](delivered.context))
+                    if not done:  # the task copies the context, current_event included
+                        waiting.append((entry_id, loop.create_task(self._call(rest, delivered))))
+                except Exception as exc:
+                    failures[entry_id] = f"{type(exc).__name__}: {exc}"
+        finally:
+            current_event.reset(token)
         if waiting:
             reasons = await asyncio.gather(*(task for _, task in waiting))
             for (entry_id, _), why in zip(waiting, reasons, strict=True):
@@ -462,7 +474,7 @@ class AsyncHookWorker:
             return why
 
     async def _call_one(self, delivered: DeliveredEvent) -> str | None:
-        method = getattr(self.hook, ASYNC_METHODS[delivered.event])
+        method = self._methods[delivered.event]
         if not telemetry.enabled():
             return await self._call(method(delivered.context), delivered)
         tool, _ = tool_of(delivered.context)
