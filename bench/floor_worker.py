@@ -6,6 +6,10 @@ Three kinds of process, all started by the benchmark (never by hand)::
     python -m bench.floor_worker service URL PREFIX NAME...     # a floor coordinator service
     python -m bench.floor_worker faststream URL PREFIX NAME     # FastStream subscriber (reference)
 
+With ``OTEL_EXPORTER_OTLP_ENDPOINT`` in its environment a floor hook is traced as the
+OpenTelemetry documentation shows (:func:`stock_telemetry`): a span per request, a child of the
+``traceparent`` the request carries, and a histogram record; the floor of ``bench.tracing_cost``.
+
 A floor hook reads its own stream with ``XREADGROUP … BLOCK`` and answers each request with one
 pipelined ``RPUSH`` (to the inbox the request names) + ``XACK``: no validation, no deadline, no
 heartbeat, no task per request. A floor service reads ``{p}:decisions`` the same way, fans each
@@ -22,7 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -39,6 +46,7 @@ class FloorRequest(msgspec.Struct):
 
     id: str
     reply_to: str
+    traceparent: str = ""
 
 
 class FloorReply(msgspec.Struct):
@@ -74,8 +82,41 @@ def orphaned(parent: int) -> bool:
     return os.getppid() != parent
 
 
+def stock_telemetry(service: str) -> tuple[Any, Any, Callable[[], None]]:
+    """OpenTelemetry set up as its documentation shows, nothing of HookBus's: the SDK's tracer
+    and meter providers, ``BatchSpanProcessor`` + ``OTLPSpanExporter`` and a periodic reader +
+    ``OTLPMetricExporter`` (OTLP/HTTP, endpoint from ``OTEL_EXPORTER_OTLP_ENDPOINT``), SDK
+    defaults throughout. Returns (tracer, a histogram in ms, shutdown: flushes both)."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"service.name": service})
+    tracing = TracerProvider(resource=resource)
+    tracing.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(tracing)
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+    metering = MeterProvider(resource=resource, metric_readers=[reader])
+    metrics.set_meter_provider(metering)
+    histogram = metrics.get_meter(service).create_histogram("floor.duration", unit="ms")
+
+    def shutdown() -> None:
+        tracing.shutdown()
+        metering.shutdown()
+
+    return trace.get_tracer(service), histogram, shutdown
+
+
 async def hook(url: str, prefix: str, name: str) -> None:
     """One floor hook: answer Continue to every request, one pipelined round trip each."""
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        await traced_hook(url, prefix, name)
+        return
     parent = os.getppid()
     redis = connect(url)
     stream = requests_key(prefix, name)
@@ -92,6 +133,46 @@ async def hook(url: str, prefix: str, name: str) -> None:
                     pipe.rpush(request.reply_to, reply)
                     pipe.xack(stream, GROUP, entry_id)
                     await pipe.execute()
+
+
+async def traced_hook(url: str, prefix: str, name: str) -> None:
+    """:func:`hook` traced with the stock SDK: each answer in a span whose parent is the
+    request's ``traceparent``, its duration in a histogram. Spans are flushed on SIGTERM."""
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
+
+    tracer, histogram, shutdown = stock_telemetry("floor-worker")
+    parent = os.getppid()
+    redis = connect(url)
+    stream = requests_key(prefix, name)
+    replica = f"floor-{os.getpid()}"
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    attributes = {"hook.name": name}
+    await ensure_group(redis, stream, GROUP)
+    await redis.rpush(f"{prefix}:ready", name)
+    try:
+        while not (stop.is_set() or orphaned(parent)):
+            response: Any = await redis.xreadgroup(
+                GROUP, name, {stream: ">"}, count=32, block=BLOCK_MS
+            )
+            for _, entries in response or ():
+                for entry_id, fields in entries:
+                    t0 = time.perf_counter()
+                    request = _request(fields[b"data"])
+                    context = propagate.extract({"traceparent": request.traceparent})
+                    with tracer.start_as_current_span(
+                        f"hook {name}", context=context, kind=SpanKind.CONSUMER,
+                        attributes=attributes,
+                    ):  # fmt: skip
+                        reply = hook_reply(request.id, name, replica)
+                        async with redis.pipeline(transaction=False) as pipe:
+                            pipe.rpush(request.reply_to, reply)
+                            pipe.xack(stream, GROUP, entry_id)
+                            await pipe.execute()
+                    histogram.record((time.perf_counter() - t0) * 1000, attributes)
+    finally:
+        shutdown()
 
 
 async def fan_out(
@@ -112,7 +193,9 @@ async def fan_out(
     return len(ids)
 
 
-def hook_request(name: str, session_id: str, context: msgspec.Raw, inbox: str) -> tuple[str, bytes]:
+def hook_request(
+    name: str, session_id: str, context: msgspec.Raw, inbox: str, traceparent: str = ""
+) -> tuple[str, bytes]:
     """A request of HookBus's size: the same envelope fields, the same context."""
     request_id = os.urandom(16).hex()
     payload = _encode(
@@ -120,7 +203,7 @@ def hook_request(name: str, session_id: str, context: msgspec.Raw, inbox: str) -
             "v": 1,
             "id": request_id,
             "ts": 0,
-            "traceparent": "",
+            "traceparent": traceparent,
             "tracestate": "",
             "hook": name,
             "event": "PreToolUse",

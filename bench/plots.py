@@ -605,6 +605,22 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     f"tracing.{pct}",
                 )
             )
+        for pct in ("p50", "p99"):  # the same measure of the floor, stock SDK: no target
+            ratio = r.get(f"floor_ratio_{pct}")
+            if ratio is None:  # results from before the floor was measured
+                continue
+            rows.append(
+                _row(
+                    "tracing",
+                    f"floor (redis-py, stock OpenTelemetry SDK), tracing on, {pct}",
+                    round(r["floor-on"][f"{pct}_us"], 1),
+                    round(r["floor-off"][f"{pct}_us"], 1),
+                    "µs",
+                    "floor, tracing off",
+                    round(ratio, 2),
+                    key=f"tracing.floor.{pct}",
+                )
+            )
     return rows
 
 

@@ -188,6 +188,14 @@ def tracing(t: dict[str, Any]) -> list[str]:
     if b:
         out[0] += f" (p50 ratio over the batches {b['min']:.2f}–{b['max']:.2f}×)"
     out[0] += "."
+    if "floor_ratio_p50" in t:
+        off, on = t["floor-off"], t["floor-on"]
+        out[0] += (f" The floor (the hand-written redis-py agent and hook, traced with the stock "
+                   f"OpenTelemetry SDK as its documentation shows), same spans, same receiver: "
+                   f"off p50 {_n(off['p50_us'])} µs / p99 {_n(off['p99_us'])} µs; on p50 "
+                   f"{_n(on['p50_us'])} µs / p99 {_n(on['p99_us'])} µs: "
+                   f"**{t['floor_ratio_p50']:.2f}× at p50**, **{t['floor_ratio_p99']:.2f}× at "
+                   f"p99**.")  # fmt: skip
     spans = t.get("spans")
     if spans:
         got, want = sum(spans["received"].values()), sum(spans["expected"].values())
@@ -197,12 +205,15 @@ def tracing(t: dict[str, Any]) -> list[str]:
     if cpu:
         rows = []
         for role in ("agent", "worker"):
-            for thread in ("main", "python"):
-                off, on = cpu.get(f"{role}-off:{thread}"), cpu.get(f"{role}-on:{thread}")
-                if on is None:
-                    continue
-                what = "event loop" if thread == "main" else "export thread"
-                rows.append([f"{role}, {what}", _n(off or 0), _n(on), f"{on - (off or 0):+,.0f}"])
+            for side, who in (("", "HookBus"), ("floor-", "floor")):
+                for thread in ("main", "python"):
+                    off = cpu.get(f"{role}-{side}off:{thread}")
+                    on = cpu.get(f"{role}-{side}on:{thread}")
+                    if on is None:
+                        continue
+                    what = "event loop" if thread == "main" else "export thread"
+                    rows.append([f"{who} {role}, {what}", _n(off or 0), _n(on),
+                                 f"{on - (off or 0):+,.0f}"])  # fmt: skip
         rows.append(["receiver (decodes the spans)", "", _n(cpu.get("receiver", 0)), ""])
         out += ["CPU per dispatch over the timed batches (µs):", ""]
         out += _table(["process, thread", "off", "on", "difference"], rows,

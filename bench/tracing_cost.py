@@ -10,8 +10,18 @@ SDK's default, ``parentbased_always_on``), metrics on too. The agent wraps each 
 three spans: ``tool file_read`` and ``dispatch PreToolUse`` in the agent, ``hook
 bench-noop-1`` in the worker.
 
-The two sides are timed in alternating batches in the same run (the order flips every round)
-and the result says how many spans the receiver got against how many the processes made.
+Beside them, the floor with tracing off and on: the hand-written redis-py agent and hook of
+``bench.sync_dispatch`` (``bench/floor_worker.py``), instrumented as the OpenTelemetry
+documentation shows (``floor_worker.stock_telemetry``: the SDK's ``BatchSpanProcessor`` and
+OTLP/HTTP exporters, SDK defaults) with the same three spans, the ``traceparent`` carried in
+the request, and a histogram record per dispatch and per answer; "off" runs the same code with
+no SDK installed (the API's no-op), as an instrumented application with tracing off does. It
+tells what tracing costs anything built on the OpenTelemetry SDK, against what it costs HookBus.
+
+Each pair (HookBus off and on, then the floor off and on) is timed in alternating batches (the
+order flips every round); a pair is closed, its spans flushed, before the next one runs, so
+that one pair's exports never fall in the other's batches. The result says how many spans the
+receiver got against how many the processes made.
 Prints p50/p99 of each side and the ratios; writes ``bench/results/tracing_cost.json``.
 
 ``--profile DIR``: py-spy samples both agents and the tracing worker during the timed batches
@@ -50,6 +60,12 @@ QUICK = Plan(warmup=50, rounds=2, batch=100)
 TARGET = {"max_ratio_p50": 1.15, "max_ratio_p99": 1.5}
 SPANS_PER_DISPATCH = {"agent": 2, "worker": 1}  # tool + dispatch; hook
 START_TIMEOUT = 30.0
+HOOK = "bench-noop-1"
+# (name, tracing on, the floor): each side is an agent process and its hook's process.
+SIDES = (("off", False, False), ("on", True, False), ("floor-off", False, True),
+         ("floor-on", True, True))  # fmt: skip
+PAIRS = (("off", "on"), ("floor-off", "floor-on"))
+SERVICES = {False: ("hookbus-bench-agent", "hookbus-worker"), True: ("floor-agent", "floor-worker")}
 
 
 # -- the agent process ---------------------------------------------------------------------
@@ -95,20 +111,88 @@ async def _agent(out: TextIO) -> None:
     print(json.dumps({"dispatched": dispatched}), file=out, flush=True)
 
 
+async def _floor_agent(out: TextIO, url: str, prefix: str) -> None:
+    """``_agent`` for the floor: the same protocol on stdin/stdout, the floor's dispatch
+    (``floor_worker.fan_out``) in the same two spans, with the stock SDK when tracing is on."""
+    from opentelemetry import metrics, propagate, trace
+    from opentelemetry.trace import SpanKind
+
+    from bench.floor_worker import connect, fan_out, hook_request, requests_key, stock_telemetry
+    from bench.sync_dispatch import context
+    from bus.protocol import raw
+    from workers.cli.common import freeze_start_up_heap
+
+    traced = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    if traced:
+        tracer, histogram, shutdown = stock_telemetry("floor-agent")
+    else:  # the API's no-op tracer and meter: instrumented code with no SDK installed
+        tracer = trace.get_tracer("floor-agent")
+        histogram = metrics.get_meter("floor-agent").create_histogram("floor.duration")
+        shutdown = lambda: None  # noqa: E731
+    redis = connect(url)
+    stream, inbox = requests_key(prefix, HOOK), f"{prefix}:inbox:floor-agent-{os.getpid()}"
+    ctx = context()
+    session, body = ctx.session_id, raw(ctx)
+    tool = {"tool.name": "file_read"}
+    event = {"hook.event": "PreToolUse", "session.id": session}
+    clock, now = time.perf_counter_ns, time.perf_counter
+    loop = asyncio.get_running_loop()
+    try:
+        if not await redis.blpop([f"{prefix}:ready"], timeout=START_TIMEOUT):
+            raise RuntimeError(f"floor hook {HOOK} never became ready")
+        freeze_start_up_heap()
+        print(json.dumps({"ready": True, "traced": traced}), file=out, flush=True)
+        dispatched = 0
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            n = int(line)
+            samples = []
+            for _ in range(n):
+                t0 = clock()
+                with (
+                    tracer.start_as_current_span("tool file_read", attributes=tool),
+                    tracer.start_as_current_span(
+                        "dispatch PreToolUse", kind=SpanKind.CLIENT, attributes=event
+                    ),
+                ):
+                    carrier: dict[str, str] = {}
+                    propagate.inject(carrier)
+                    request_id, payload = hook_request(
+                        HOOK, session, body, inbox, carrier.get("traceparent", "")
+                    )
+                    t1 = now()
+                    await fan_out(redis, inbox, [stream], [payload], [request_id])
+                    histogram.record((now() - t1) * 1000, event)
+                samples.append(clock() - t0)
+            dispatched += n
+            print(json.dumps(samples), file=out, flush=True)
+    finally:
+        await redis.aclose()
+        shutdown()  # flushes what is still queued
+    print(json.dumps({"dispatched": dispatched}), file=out, flush=True)
+
+
 # -- the benchmark -------------------------------------------------------------------------
 
 
 class Side:
-    """One agent process and its hook worker, tracing on or off."""
+    """One agent process and its hook's process, HookBus's or the floor's, tracing on or off."""
 
-    def __init__(self, name: str, env: dict[str, str], children: Children) -> None:
+    def __init__(
+        self, name: str, env: dict[str, str], children: Children, floor: bool, url: str
+    ) -> None:
         self.name = name
-        self.worker = children.start(
-            f"worker-{name}", "workers.cli", ["worker", "bench.sync_dispatch:Noop1"], env
-        )
+        self.floor = floor
+        if floor:
+            prefix = f"trace-{name}"
+            worker = ("bench.floor_worker", ["worker", url, prefix, HOOK])
+            agent = ["--floor-agent", url, prefix]
+        else:
+            worker = ("workers.cli", ["worker", "bench.sync_dispatch:Noop1"])
+            agent = ["--agent"]
+        self.worker = children.start(f"worker-{name}", *worker, env)
         with open(children.logdir / f"agent-{name}.log", "wb") as log:
             self.agent = subprocess.Popen(
-                [sys.executable, "-c", BOOT, "bench.tracing_cost", "--agent"],
+                [sys.executable, "-c", BOOT, "bench.tracing_cost", *agent],
                 cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 text=True,
             )  # fmt: skip
@@ -158,38 +242,46 @@ def measure(plan: Plan, profile: Path | None) -> dict[str, Any]:
     ):
         children = Children(Path(logdir))
         sides: dict[str, Side] = {}
-        recorder = Recorder(profile) if profile else None
+        recorder: Recorder | None = None
+        cpu: dict[str, float] = {}
         try:
-            for name, on in (("off", False), ("on", True)):
+            for name, on, floor in SIDES:
                 env = _env(hookbus_env(redis.url, f"trace-{name}"), on, receiver.endpoint)
-                sides[name] = Side(name, env, children)
-            if not sides["on"].traced or sides["off"].traced:
-                raise RuntimeError("tracing is not on (or not off) where it should be")
-            for side in sides.values():
-                side.run(plan.warmup, keep=False)
-            if recorder:
-                for side in sides.values():
-                    recorder.start(f"tracing-agent-{side.name}", side.agent.pid)
-                for side in sides.values():
-                    recorder.start(f"tracing-worker-{side.name}", side.worker.pid)
-            order = list(sides.values())
-            cpu0 = _cpu(sides)
-            for r in range(plan.rounds):
-                progress(f"round {r + 1}/{plan.rounds}")
-                for side in order if r % 2 == 0 else order[::-1]:
-                    children.check()
-                    side.run(plan.batch)
-            cpu = {k: v - cpu0[k] for k, v in _cpu(sides).items()}
-            if recorder:
-                for path in recorder.stop():
-                    print(f"profile written to {path}")
-            for side in sides.values():
-                side.close()
-            children.stop()  # SIGTERM: each worker flushes its spans on the way out
-            dispatched = sides["on"].dispatched
-            expected = {
-                f"hookbus-{role}": n * dispatched for role, n in (("bench-agent", 2), ("worker", 1))
-            }
+                sides[name] = Side(name, env, children, floor, redis.url)
+                if sides[name].traced != on:
+                    raise RuntimeError(f"tracing is not {'on' if on else 'off'} in {name}")
+            # One pair at a time, closed (its spans flushed) before the next starts: a pair's
+            # export never falls in the other's batches.
+            for pair in PAIRS:
+                group = {name: sides[name] for name in pair}
+                for side in group.values():
+                    side.run(plan.warmup, keep=False)
+                if profile:
+                    recorder = Recorder(profile)
+                    for side in group.values():
+                        recorder.start(f"tracing-agent-{side.name}", side.agent.pid)
+                        recorder.start(f"tracing-worker-{side.name}", side.worker.pid)
+                order = list(group.values())
+                cpu0 = _cpu(group)
+                for r in range(plan.rounds):
+                    progress(f"{pair[1]} and {pair[0]}: round {r + 1}/{plan.rounds}")
+                    for side in order if r % 2 == 0 else order[::-1]:
+                        children.check()
+                        side.run(plan.batch)
+                cpu |= {k: v - cpu0[k] for k, v in _cpu(group).items()}
+                if recorder:
+                    for path in recorder.stop():
+                        print(f"profile written to {path}")
+                    recorder = None
+                for side in group.values():
+                    side.close()
+                # SIGTERM: each worker flushes its spans on the way out
+                children.stop([f"worker-{name}" for name in pair])
+            expected = {}
+            for name in ("on", "floor-on"):
+                agent, worker = SERVICES[sides[name].floor]
+                expected[agent] = SPANS_PER_DISPATCH["agent"] * sides[name].dispatched
+                expected[worker] = SPANS_PER_DISPATCH["worker"] * sides[name].dispatched
             received = _received(receiver, expected)
         finally:
             if recorder:
@@ -213,10 +305,13 @@ def measure(plan: Plan, profile: Path | None) -> dict[str, Any]:
         p50, p99 = percentiles(side.samples)
         report[name] = {"p50_us": round(p50, 1), "p99_us": round(p99, 1),
                         "samples": len(side.samples)}  # fmt: skip
-    off, on = report["off"], report["on"]
-    report["ratio_p50"] = round(on["p50_us"] / off["p50_us"], 2)
-    report["ratio_p99"] = round(on["p99_us"] / off["p99_us"], 2)
-    report["ratio_p50_per_batch"] = _per_batch(sides["on"].samples, sides["off"].samples, plan)
+    for prefix, on, off in (("", "on", "off"), ("floor_", "floor-on", "floor-off")):
+        for pct in ("p50", "p99"):
+            ratio = report[on][f"{pct}_us"] / report[off][f"{pct}_us"]
+            report[f"{prefix}ratio_{pct}"] = round(ratio, 2)
+        report[f"{prefix}ratio_p50_per_batch"] = _per_batch(
+            sides[on].samples, sides[off].samples, plan
+        )
     return report
 
 
@@ -265,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--agent"]:
         asyncio.run(_agent(sys.stdout))
         return 0
+    if argv[:1] == ["--floor-agent"]:
+        asyncio.run(_floor_agent(sys.stdout, *argv[1:3]))
+        return 0
     parser = argparse.ArgumentParser(prog="python -m bench.tracing_cost", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a few samples: checks it runs")
     parser.add_argument("--profile", type=Path, help="write py-spy profiles into this folder")
@@ -285,16 +383,16 @@ def main(argv: list[str] | None = None) -> int:
         "met": report["ratio_p50"] <= TARGET["max_ratio_p50"]
         and report["ratio_p99"] <= TARGET["max_ratio_p99"],
     }
-    off, on = report["off"], report["on"]
-    print(f"{'tracing':<8} {'p50 µs':>10} {'p99 µs':>10}")
-    print(f"{'off':<8} {off['p50_us']:>10.0f} {off['p99_us']:>10.0f}")
-    print(f"{'on':<8} {on['p50_us']:>10.0f} {on['p99_us']:>10.0f}")
-    b = report["ratio_p50_per_batch"]
-    print(
-        f"tracing on: {report['ratio_p50']:.2f}x at p50 (batches {b['min']:.2f}-{b['max']:.2f}x), "
-        f"{report['ratio_p99']:.2f}x at p99; spans received {report['spans']['received']} "
-        f"of {report['spans']['expected']}"
-    )
+    print(f"{'tracing':<10} {'p50 µs':>10} {'p99 µs':>10}")
+    for name, _, _ in SIDES:
+        print(f"{name:<10} {report[name]['p50_us']:>10.0f} {report[name]['p99_us']:>10.0f}")
+    for who, prefix in (("HookBus", ""), ("the floor (stock OpenTelemetry SDK)", "floor_")):
+        b = report[f"{prefix}ratio_p50_per_batch"]
+        print(
+            f"tracing on, {who}: {report[f'{prefix}ratio_p50']:.2f}x at p50 (batches "
+            f"{b['min']:.2f}-{b['max']:.2f}x), {report[f'{prefix}ratio_p99']:.2f}x at p99"
+        )
+    print(f"spans received {report['spans']['received']} of {report['spans']['expected']}")
     print(f"CPU µs per dispatch: {report['cpu_us_per_dispatch']}")
     write_results(RESULTS, report)
     return 0

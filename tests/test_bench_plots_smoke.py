@@ -204,8 +204,12 @@ def reports(quick: bool) -> dict[str, dict[str, Any]]:
         "tracing_cost": {
             "off": {"p50_us": 400.0, "p99_us": 900.0, "samples": 300},
             "on": {"p50_us": 440.0, "p99_us": 1200.0, "samples": 300},
+            "floor-off": {"p50_us": 380.0, "p99_us": 800.0, "samples": 300},
+            "floor-on": {"p50_us": 475.0, "p99_us": 2400.0, "samples": 300},
             "ratio_p50": 1.1,
             "ratio_p99": 1.33,
+            "floor_ratio_p50": 1.25,
+            "floor_ratio_p99": 3.0,
             "ratio_p50_per_batch": {"min": 0.9, "median": 1.1, "max": 1.3},
             "spans": {"expected": {"a": 900}, "received": {"a": 900}},
             "cpu_us_per_dispatch": {
@@ -265,9 +269,13 @@ def test_quick_results_give_plots_and_a_summary(dirs: tuple[Path, Path]) -> None
     assert {"in-process", "sync, agent", "sync, service", "command hooks", "async"} <= benchmarks
     assert {"concurrency, closed", "concurrency, paced", "tracing"} <= benchmarks
     tracing = {row["case"]: row for row in summary["rows"] if row["benchmark"] == "tracing"}
+    stock = "floor (redis-py, stock OpenTelemetry SDK), tracing on"
     assert sorted(tracing) == ["1 hook over Redis, tracing on (OTLP), p50",
-                               "1 hook over Redis, tracing on (OTLP), p99"]  # fmt: skip
-    assert [row["met"] for row in tracing.values()] == [True, True]
+                               "1 hook over Redis, tracing on (OTLP), p99",
+                               f"{stock}, p50", f"{stock}, p99"]  # fmt: skip
+    assert [row["met"] for row in tracing.values()] == [True, True, None, None]
+    floor = tracing[f"{stock}, p99"]
+    assert (floor["value"], floor["baseline"], floor["ratio"]) == (2400.0, 800.0, 3.0)
     inprocess = {row["case"]: row["met"] for row in summary["rows"]
                  if row["benchmark"] == "in-process"}  # fmt: skip
     assert inprocess == {"1 no-op hook, p50": True, "3 no-op hooks, p50": True,

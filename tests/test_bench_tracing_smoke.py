@@ -1,5 +1,6 @@
-"""Smoke test of the tracing benchmark: it runs both sides against a real OTLP receiver and
-writes a well-formed report. No timing assertions: machines are noisy."""
+"""Smoke test of the tracing benchmark: it runs HookBus and the floor (stock OpenTelemetry SDK),
+tracing off and on, against a real OTLP receiver and writes a well-formed report. No timing
+assertions: machines are noisy."""
 
 from __future__ import annotations
 
@@ -20,17 +21,21 @@ def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     report = json.loads(out.read_text(encoding="utf-8"))
     assert report["quick"] is True
     plan = tracing_cost.QUICK
-    for side in ("off", "on"):
+    for side in ("off", "on", "floor-off", "floor-on"):
         assert report[side]["samples"] == plan.samples
         assert 0 < report[side]["p50_us"] <= report[side]["p99_us"]
-    assert report["ratio_p50"] > 0 and report["ratio_p99"] > 0
-    # every span the two traced processes made reached the receiver: 2 per dispatch in the
-    # agent (tool, dispatch), 1 in the worker (hook)
+    for ratio in ("ratio_p50", "ratio_p99", "floor_ratio_p50", "floor_ratio_p99"):
+        assert report[ratio] > 0
+    # every span the traced processes made reached the receiver, HookBus's and the floor's
+    # (stock SDK): 2 per dispatch in the agent (tool, dispatch), 1 in the hook's process
     dispatched = plan.warmup + plan.samples
     assert report["spans"]["expected"] == {
         "hookbus-bench-agent": 2 * dispatched,
         "hookbus-worker": dispatched,
+        "floor-agent": 2 * dispatched,
+        "floor-worker": dispatched,
     }
     assert report["spans"]["received"] == report["spans"]["expected"]
-    assert report["cpu_us_per_dispatch"]["agent-on:main"] > 0
+    for process in ("agent-on:main", "agent-floor-on:main", "worker-floor-on:main"):
+        assert report["cpu_us_per_dispatch"][process] > 0
     assert isinstance(report["target"]["met"], bool)
