@@ -586,41 +586,31 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     r = reports.get("tracing_cost")
     if r and "on" in r:
         t = r.get("target") or {}
-        for pct in ("p50", "p99"):
-            ratio = r.get(f"ratio_{pct}")
-            if ratio is None:  # results from before the p99 was kept
-                continue
-            limit = t.get(f"max_ratio_{pct}")
-            rows.append(
-                _row(
-                    "tracing",
-                    f"1 hook over Redis, tracing on (OTLP), {pct}",
-                    round(r["on"][f"{pct}_us"], 1),
-                    round(r["off"][f"{pct}_us"], 1),
-                    "µs",
-                    "tracing off",
-                    round(ratio, 2),
-                    f"≤ {limit:g}x" if limit else "",
-                    ratio <= limit if limit else None,
-                    f"tracing.{pct}",
+        series = (
+            ("", "1 hook over Redis, tracing on (OTLP)", "on", "off", "tracing off", "tracing"),
+            ("floor_", "floor (redis-py, stock OpenTelemetry SDK), tracing on", "floor-on",
+             "floor-off", "floor, tracing off", "tracing.floor"),
+        )  # fmt: skip
+        for prefix, case, on, off, baseline, key in series:
+            for pct in ("p50", "p99"):
+                ratio = r.get(f"{prefix}ratio_{pct}")
+                if ratio is None:  # results from before the p99 (or the floor) was measured
+                    continue
+                limit = None if prefix else t.get(f"max_ratio_{pct}")  # the floor: no target
+                rows.append(
+                    _row(
+                        "tracing",
+                        f"{case}, {pct}",
+                        round(r[on][f"{pct}_us"], 1),
+                        round(r[off][f"{pct}_us"], 1),
+                        "µs",
+                        baseline,
+                        round(ratio, 2),
+                        f"≤ {limit:g}x" if limit else "",
+                        ratio <= limit if limit else None,
+                        f"{key}.{pct}",
+                    )
                 )
-            )
-        for pct in ("p50", "p99"):  # the same measure of the floor, stock SDK: no target
-            ratio = r.get(f"floor_ratio_{pct}")
-            if ratio is None:  # results from before the floor was measured
-                continue
-            rows.append(
-                _row(
-                    "tracing",
-                    f"floor (redis-py, stock OpenTelemetry SDK), tracing on, {pct}",
-                    round(r["floor-on"][f"{pct}_us"], 1),
-                    round(r["floor-off"][f"{pct}_us"], 1),
-                    "µs",
-                    "floor, tracing off",
-                    round(ratio, 2),
-                    key=f"tracing.floor.{pct}",
-                )
-            )
     return rows
 
 

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,40 +72,50 @@ SERVICES = {False: ("hookbus-bench-agent", "hookbus-worker"), True: ("floor-agen
 # -- the agent process ---------------------------------------------------------------------
 
 
+async def _answer(out: TextIO, traced: bool, dispatch: Callable[[], Awaitable[Any]]) -> int:
+    """An agent's side of its pipe: say it is ready, then for each line ``N`` on stdin time
+    ``N`` dispatches and write their latencies (ns) as one JSON line. Returns how many it made,
+    at the end of stdin."""
+    from workers.cli.common import freeze_start_up_heap
+
+    freeze_start_up_heap()  # as a long-running agent host should (docs/performance.md)
+    print(json.dumps({"ready": True, "traced": traced}), file=out, flush=True)
+    clock = time.perf_counter_ns
+    loop = asyncio.get_running_loop()
+    dispatched = 0
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        samples = []
+        for _ in range(int(line)):
+            t0 = clock()
+            await dispatch()
+            samples.append(clock() - t0)
+        dispatched += len(samples)
+        print(json.dumps(samples), file=out, flush=True)
+    return dispatched
+
+
 async def _agent(out: TextIO) -> None:
-    """Read ``N`` lines from stdin, answer each with the N latencies (ns) as one JSON line."""
+    """HookBus's agent: ``HookClient.run_pre_tool_use`` in a ``tool`` span, as the executor."""
     from agent_adapter.client import HookClient
     from bench.sync_dispatch import context
     from bus import HookSettings, telemetry
     from bus.settings import BusSettings
-    from workers.cli.common import freeze_start_up_heap
 
     traced = telemetry.configure("bench-agent")
     client = await HookClient(BusSettings.from_env(), HookSettings(hook_timeout_secs=5)).start()
     ctx = context()
-    clock = time.perf_counter_ns
-    loop = asyncio.get_running_loop()
+
+    async def dispatch() -> None:
+        with telemetry.span("tool file_read", {"tool.name": "file_read"}):  # as the executor
+            await client.run_pre_tool_use(ctx)
+
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not client.directory.live("bench-noop-1"):
+        while not client.directory.live(HOOK):
             if time.monotonic() > deadline:
-                raise RuntimeError("hook bench-noop-1 never became live")
+                raise RuntimeError(f"hook {HOOK} never became live")
             await asyncio.sleep(0.02)
-        freeze_start_up_heap()  # as a long-running agent host should (docs/performance.md)
-        print(json.dumps({"ready": True, "traced": traced}), file=out, flush=True)
-        dispatched = 0
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            n = int(line)
-            samples = []
-            for _ in range(n):
-                t0 = clock()
-                with telemetry.span(
-                    "tool file_read", {"tool.name": "file_read"}
-                ):  # as the executor
-                    await client.run_pre_tool_use(ctx)
-                samples.append(clock() - t0)
-            dispatched += n
-            print(json.dumps(samples), file=out, flush=True)
+        dispatched = await _answer(out, traced, dispatch)
     finally:
         await client.close()
         telemetry.shutdown()  # flushes what is still queued
@@ -112,15 +123,14 @@ async def _agent(out: TextIO) -> None:
 
 
 async def _floor_agent(out: TextIO, url: str, prefix: str) -> None:
-    """``_agent`` for the floor: the same protocol on stdin/stdout, the floor's dispatch
-    (``floor_worker.fan_out``) in the same two spans, with the stock SDK when tracing is on."""
+    """The floor's agent: ``floor_worker.fan_out`` in the same two spans, with the stock SDK
+    when tracing is on."""
     from opentelemetry import metrics, propagate, trace
     from opentelemetry.trace import SpanKind
 
     from bench.floor_worker import connect, fan_out, hook_request, requests_key, stock_telemetry
     from bench.sync_dispatch import context
     from bus.protocol import raw
-    from workers.cli.common import freeze_start_up_heap
 
     traced = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     if traced:
@@ -135,36 +145,28 @@ async def _floor_agent(out: TextIO, url: str, prefix: str) -> None:
     session, body = ctx.session_id, raw(ctx)
     tool = {"tool.name": "file_read"}
     event = {"hook.event": "PreToolUse", "session.id": session}
-    clock, now = time.perf_counter_ns, time.perf_counter
-    loop = asyncio.get_running_loop()
+    now = time.perf_counter
+
+    async def dispatch() -> None:
+        with (
+            tracer.start_as_current_span("tool file_read", attributes=tool),
+            tracer.start_as_current_span(
+                "dispatch PreToolUse", kind=SpanKind.CLIENT, attributes=event
+            ),
+        ):
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            request_id, payload = hook_request(
+                HOOK, session, body, inbox, carrier.get("traceparent", "")
+            )
+            t1 = now()
+            await fan_out(redis, inbox, [stream], [payload], [request_id])
+            histogram.record((now() - t1) * 1000, event)
+
     try:
         if not await redis.blpop([f"{prefix}:ready"], timeout=START_TIMEOUT):
             raise RuntimeError(f"floor hook {HOOK} never became ready")
-        freeze_start_up_heap()
-        print(json.dumps({"ready": True, "traced": traced}), file=out, flush=True)
-        dispatched = 0
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            n = int(line)
-            samples = []
-            for _ in range(n):
-                t0 = clock()
-                with (
-                    tracer.start_as_current_span("tool file_read", attributes=tool),
-                    tracer.start_as_current_span(
-                        "dispatch PreToolUse", kind=SpanKind.CLIENT, attributes=event
-                    ),
-                ):
-                    carrier: dict[str, str] = {}
-                    propagate.inject(carrier)
-                    request_id, payload = hook_request(
-                        HOOK, session, body, inbox, carrier.get("traceparent", "")
-                    )
-                    t1 = now()
-                    await fan_out(redis, inbox, [stream], [payload], [request_id])
-                    histogram.record((now() - t1) * 1000, event)
-                samples.append(clock() - t0)
-            dispatched += n
-            print(json.dumps(samples), file=out, flush=True)
+        dispatched = await _answer(out, traced, dispatch)
     finally:
         await redis.aclose()
         shutdown()  # flushes what is still queued
