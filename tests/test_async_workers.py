@@ -293,3 +293,52 @@ async def test_redis_lost_mid_batch_does_not_stop_the_worker(
         stop.set()
         await asyncio.wait_for(running, 30)
         await redis.aclose()
+
+
+async def test_each_call_sees_its_own_event_and_a_batch_leaves_current_event_as_it_was(
+    bus_settings: BusSettings,
+) -> None:
+    """In one batch, every call of the hook reads its own event from ``current_event``, whether
+    it finishes at once or really suspends (and so runs in a task of its own); events the hook
+    does not take are acknowledged as skipped; after the batch ``current_event`` holds what it
+    held before."""
+    from bus.events import PreToolUseContext
+    from bus.hooks import AsyncAgentHook, DeliveredEvent, current_event
+    from workers.async_worker import AsyncHookWorker
+
+    seen: list[tuple[int, str, str]] = []
+
+    class Recorder(AsyncAgentHook):
+        name = "current-event-recorder"
+        subscribed_events = (HookEvent.PRE_TOOL_USE,)
+
+        async def on_pre_tool_use_async(self, ctx: Any) -> None:
+            before = current_event.get()
+            if ctx.step % 2:  # suspends: finished in a task, under the hook's timeout
+                await asyncio.sleep(0)
+            after = current_event.get()
+            assert before is not None and after is not None
+            seen.append((ctx.step, before.id, after.id))
+
+    ids, entries = [], []
+    for step in range(6):
+        ctx: Any = PreToolUseContext(session_id="s", tool_name="file_read", step=step)
+        event = HookEvent.PRE_TOOL_USE
+        if step == 5:  # one event the hook does not take
+            ctx = StepCompleteContext(session_id="s", step=step, max_steps=10)
+            event = HookEvent.ON_STEP_COMPLETE
+        message = EventMessage(id=new_id(), ts=now_ms(), event=event, session_id="s",
+                               context=raw(ctx))  # fmt: skip
+        ids.append(message.id)
+        entries.append((f"1-{step}".encode(), {DATA_FIELD.encode(): encode(message)}))
+    worker = AsyncHookWorker(Recorder(), bus_settings)
+    outer = DeliveredEvent("outer", HookEvent.ON_SESSION_START, 0, None)
+    token = current_event.set(outer)
+    try:
+        await worker.process(worker.events[0], entries)
+        assert current_event.get() is outer
+    finally:
+        current_event.reset(token)
+        await worker.redis.aclose()
+    assert sorted(seen) == [(step, ids[step], ids[step]) for step in range(5)]
+    assert (worker.stats["handled"], worker.stats["skipped"]) == (5, 1)
