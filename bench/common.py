@@ -159,5 +159,8 @@ class Children:
 
 
 def hookbus_env(url: str, prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
+    """The environment of a HookBus process of a benchmark: this one's, without its HookBus
+    settings and without OpenTelemetry's (a shell's ``OTEL_EXPORTER_OTLP_ENDPOINT`` would trace
+    HookBus's side and not the floor's; ``bench.tracing_cost`` adds tracing where it wants it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOOKBUS_", "OTEL_"))}
     return {**env, "HOOKBUS_REDIS_URL": url, "HOOKBUS_PREFIX": prefix}

@@ -1,14 +1,16 @@
 """The raw redis-py floor of ``bench.sync_dispatch``: the least a hook service can do.
 
-Three kinds of process, all started by the benchmark (never by hand)::
+Four kinds of process, all started by a benchmark (never by hand)::
 
     python -m bench.floor_worker worker URL PREFIX NAME         # one floor hook
+    python -m bench.floor_worker traced-worker URL PREFIX NAME  # one floor hook, traced
     python -m bench.floor_worker service URL PREFIX NAME...     # a floor coordinator service
     python -m bench.floor_worker faststream URL PREFIX NAME     # FastStream subscriber (reference)
 
-With ``OTEL_EXPORTER_OTLP_ENDPOINT`` in its environment a floor hook is traced as the
-OpenTelemetry documentation shows (:func:`stock_telemetry`): a span per request, a child of the
+A traced floor hook is traced as the OpenTelemetry documentation shows (:func:`stock_telemetry`,
+OTLP endpoint from ``OTEL_EXPORTER_OTLP_ENDPOINT``): a span per request, a child of the
 ``traceparent`` the request carries, and a histogram record; the floor of ``bench.tracing_cost``.
+A plain ``worker`` is never traced, whatever its environment.
 
 A floor hook reads its own stream with ``XREADGROUP … BLOCK`` and answers each request with one
 pipelined ``RPUSH`` (to the inbox the request names) + ``XACK``: no validation, no deadline, no
@@ -112,43 +114,28 @@ def stock_telemetry(service: str) -> tuple[Any, Any, Callable[[], None]]:
     return trace.get_tracer(service), histogram, shutdown
 
 
-async def hook(url: str, prefix: str, name: str) -> None:
-    """One floor hook: answer Continue to every request, one pipelined round trip each."""
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        await traced_hook(url, prefix, name)
-        return
-    parent = os.getppid()
-    redis = connect(url)
-    stream = requests_key(prefix, name)
-    replica = f"floor-{os.getpid()}"
-    await ensure_group(redis, stream, GROUP)
-    await redis.rpush(f"{prefix}:ready", name)
-    while not orphaned(parent):
-        response: Any = await redis.xreadgroup(GROUP, name, {stream: ">"}, count=32, block=BLOCK_MS)
-        for _, entries in response or ():
-            for entry_id, fields in entries:
-                request = _request(fields[b"data"])
-                reply = hook_reply(request.id, name, replica)
-                async with redis.pipeline(transaction=False) as pipe:
-                    pipe.rpush(request.reply_to, reply)
-                    pipe.xack(stream, GROUP, entry_id)
-                    await pipe.execute()
+async def hook(url: str, prefix: str, name: str, traced: bool = False) -> None:
+    """One floor hook: answer Continue to every request, one pipelined round trip each.
 
-
-async def traced_hook(url: str, prefix: str, name: str) -> None:
-    """:func:`hook` traced with the stock SDK: each answer in a span whose parent is the
-    request's ``traceparent``, its duration in a histogram. Spans are flushed on SIGTERM."""
-    from opentelemetry import propagate
-    from opentelemetry.trace import SpanKind
-
-    tracer, histogram, shutdown = stock_telemetry("floor-worker")
+    ``traced`` (the floor of ``bench.tracing_cost``): each answer in a span of the stock SDK
+    (:func:`stock_telemetry`) whose parent is the request's ``traceparent``, its duration in a
+    histogram; the spans are flushed on SIGTERM."""
     parent = os.getppid()
     redis = connect(url)
     stream = requests_key(prefix, name)
     replica = f"floor-{os.getpid()}"
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    attributes = {"hook.name": name}
+    around, shutdown = _stock_span(name) if traced else (None, None)
+    if traced:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def answer(entry_id: bytes, request: FloorRequest) -> None:
+        reply = hook_reply(request.id, name, replica)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(request.reply_to, reply)
+            pipe.xack(stream, GROUP, entry_id)
+            await pipe.execute()
+
     await ensure_group(redis, stream, GROUP)
     await redis.rpush(f"{prefix}:ready", name)
     try:
@@ -158,21 +145,34 @@ async def traced_hook(url: str, prefix: str, name: str) -> None:
             )
             for _, entries in response or ():
                 for entry_id, fields in entries:
-                    t0 = time.perf_counter()
                     request = _request(fields[b"data"])
-                    context = propagate.extract({"traceparent": request.traceparent})
-                    with tracer.start_as_current_span(
-                        f"hook {name}", context=context, kind=SpanKind.CONSUMER,
-                        attributes=attributes,
-                    ):  # fmt: skip
-                        reply = hook_reply(request.id, name, replica)
-                        async with redis.pipeline(transaction=False) as pipe:
-                            pipe.rpush(request.reply_to, reply)
-                            pipe.xack(stream, GROUP, entry_id)
-                            await pipe.execute()
-                    histogram.record((time.perf_counter() - t0) * 1000, attributes)
+                    if around is None:
+                        await answer(entry_id, request)
+                    else:
+                        await around(answer(entry_id, request), request)
     finally:
-        shutdown()
+        if shutdown is not None:
+            shutdown()
+
+
+def _stock_span(name: str) -> tuple[Any, Callable[[], None]]:
+    """For a traced floor hook: (run an answer in its span and record its duration, shutdown)."""
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
+
+    tracer, histogram, shutdown = stock_telemetry("floor-worker")
+    attributes = {"hook.name": name}
+
+    async def around(step: Any, request: FloorRequest) -> None:
+        t0 = time.perf_counter()
+        context = propagate.extract({"traceparent": request.traceparent})
+        with tracer.start_as_current_span(
+            f"hook {name}", context=context, kind=SpanKind.CONSUMER, attributes=attributes
+        ):
+            await step
+        histogram.record((time.perf_counter() - t0) * 1000, attributes)
+
+    return around, shutdown
 
 
 async def fan_out(
@@ -306,12 +306,12 @@ async def faststream_subscriber(url: str, prefix: str, name: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[0] not in ("worker", "service", "faststream"):
+    if len(argv) < 4 or argv[0] not in ("worker", "traced-worker", "service", "faststream"):
         print(__doc__, file=sys.stderr)
         return 2
     kind, url, prefix, *names = argv
-    if kind == "worker":
-        asyncio.run(hook(url, prefix, names[0]))
+    if kind in ("worker", "traced-worker"):
+        asyncio.run(hook(url, prefix, names[0], traced=kind == "traced-worker"))
     elif kind == "service":
         asyncio.run(service(url, prefix, names))
     else:

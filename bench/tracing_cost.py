@@ -65,7 +65,7 @@ HOOK = "bench-noop-1"
 # (name, tracing on, the floor): each side is an agent process and its hook's process.
 SIDES = (("off", False, False), ("on", True, False), ("floor-off", False, True),
          ("floor-on", True, True))  # fmt: skip
-PAIRS = (("off", "on"), ("floor-off", "floor-on"))
+PAIRS = tuple(tuple(name for name, _, f in SIDES if f is floor) for floor in (False, True))
 SERVICES = {False: ("hookbus-bench-agent", "hookbus-worker"), True: ("floor-agent", "floor-worker")}
 
 
@@ -186,7 +186,8 @@ class Side:
         self.floor = floor
         if floor:
             prefix = f"trace-{name}"
-            worker = ("bench.floor_worker", ["worker", url, prefix, HOOK])
+            kind = "traced-worker" if "OTEL_EXPORTER_OTLP_ENDPOINT" in env else "worker"
+            worker = ("bench.floor_worker", [kind, url, prefix, HOOK])
             agent = ["--floor-agent", url, prefix]
         else:
             worker = ("workers.cli", ["worker", "bench.sync_dispatch:Noop1"])
@@ -225,8 +226,8 @@ class Side:
         self.agent.wait(30)
 
 
-def _env(base: dict[str, str], on: bool, endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if not k.startswith("OTEL_")}
+def _env(url: str, name: str, on: bool, endpoint: str) -> dict[str, str]:
+    env = hookbus_env(url, f"trace-{name}")  # no OpenTelemetry settings of the caller's
     if on:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint  # traces and metrics, SDK defaults
     return env
@@ -248,7 +249,7 @@ def measure(plan: Plan, profile: Path | None) -> dict[str, Any]:
         cpu: dict[str, float] = {}
         try:
             for name, on, floor in SIDES:
-                env = _env(hookbus_env(redis.url, f"trace-{name}"), on, receiver.endpoint)
+                env = _env(redis.url, name, on, receiver.endpoint)
                 sides[name] = Side(name, env, children, floor, redis.url)
                 if sides[name].traced != on:
                     raise RuntimeError(f"tracing is not {'on' if on else 'off'} in {name}")

@@ -23,6 +23,7 @@ from bus.breakglass import BreakGlass as BreakGlass  # the value of {p}:breakgla
 from bus.errors import ProtocolError
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
+from bus.limits import MAX_CONTEXT_BYTES, MAX_CONTEXT_DEPTH
 from bus.limits import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # largest message accepted
 from bus.limits import encode_context as encode_context
 from bus.matcher import ToolMatchFilter
@@ -310,7 +311,6 @@ _TYPED_EVENTS = {
     for event, kind in CONTEXT_TYPES.items()
 }  # fmt: skip
 _typed_event = msgspec.json.Decoder(_union(_TYPED_EVENTS)).decode
-_FAST_DEPTH = limits.MAX_CONTEXT_DEPTH
 
 
 def decode_event(data: bytes) -> tuple[EventMessage | _TypedEvent, HookEvent, HookContext]:
@@ -319,8 +319,9 @@ def decode_event(data: bytes) -> tuple[EventMessage | _TypedEvent, HookEvent, Ho
     that does not parse) goes through :func:`decode` and :func:`decode_context`, which say
     what is wrong. Read the context from the third item: the message's own ``context`` is the
     parsed one on the fast path and the raw JSON on the slow one."""
-    n = len(data)  # limits.openers(data), inlined (it runs for every event every hook reads):
-    if n <= limits.MAX_CONTEXT_BYTES and n - len(data.translate(None, b"[{")) <= _FAST_DEPTH:
+    # limits.openers(data) inlined: this runs for every event every async hook reads.
+    n = len(data)
+    if n <= MAX_CONTEXT_BYTES and n - len(data.translate(None, b"[{")) <= MAX_CONTEXT_DEPTH:
         try:
             message = _typed_event(data)
         except Exception:  # the slow path below names the problem

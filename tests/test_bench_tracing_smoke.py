@@ -15,6 +15,10 @@ from bench import tracing_cost
 def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "results" / "tracing_cost.json"
     monkeypatch.setattr(tracing_cost, "RESULTS", out)
+    # A caller's own OpenTelemetry settings reach no benchmark process: the "off" sides stay
+    # untraced (the run stops otherwise) and the "on" sides export to the benchmark's receiver.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
 
     assert tracing_cost.main(["--quick"]) == 0
 
