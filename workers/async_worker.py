@@ -68,6 +68,7 @@ from bus.redis_io import (
     current_manifest,
     dead_letter_entry,
     group_lost,
+    pipelined,
     retire_replica,
 )
 from bus.retention import Gap, Retention, group_backlogs
@@ -79,6 +80,10 @@ _failures = RateLimitedLog(log)
 FAILURE_TTL_SECS = 86_400
 _DATA = DATA_FIELD.encode()
 T = TypeVar("T")
+
+
+def _flat(mapping: dict[Any, Any]) -> list[Any]:
+    return [item for pair in mapping.items() for item in pair]
 
 
 class AsyncHookWorker:
@@ -508,17 +513,22 @@ class AsyncHookWorker:
         self, stream: str, acks: list[bytes], dead: list[dict[Any, Any]], failed: dict[bytes, str]
     ) -> None:
         """Dead letters, failure reasons and acknowledgements in one round trip."""
-        if not (acks or dead or failed):
+        commands: list[tuple[Any, ...]] = [
+            ("XADD", self.keys.dlq, "MAXLEN", "~", 100_000, "*", *_flat(entry)) for entry in dead
+        ]
+        if failed:
+            failures = self.keys.failures(self.group)
+            commands += [
+                ("HSET", failures, *_flat(failed)),
+                ("EXPIRE", failures, FAILURE_TTL_SECS),
+            ]
+        if acks:
+            commands.append(("XACK", stream, self.group, *acks))
+        if not commands:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for entry in dead:
-                pipe.xadd(self.keys.dlq, entry, maxlen=100_000, approximate=True)
-            if failed:
-                pipe.hset(self.keys.failures(self.group), mapping=failed)  # type: ignore[arg-type]
-                pipe.expire(self.keys.failures(self.group), FAILURE_TTL_SECS)
-            if acks:
-                pipe.xack(stream, self.group, *acks)
-            await pipe.execute()
+        for reply in await pipelined(self.redis, commands):
+            if isinstance(reply, Exception):
+                raise reply
         for entry_id, why in failed.items():
             _failures.warning(
                 "%s failed on %s (will retry): %s", self.group, entry_id.decode(), why

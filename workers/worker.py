@@ -63,6 +63,7 @@ from bus.redis_io import (
     ensure_group,
     hand_over,
     keep_and_claim,
+    pipelined,
     retire_replica,
 )
 from bus.settings import BusSettings
@@ -377,12 +378,11 @@ class HookWorker:
         if not replies.acks:
             return
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for inbox, payloads in replies.inboxes.items():
-                    pipe.rpush(inbox, *payloads)
-                    pipe.pexpire(inbox, REPLY_TTL_MS)
-                pipe.xack(self.stream, WORKERS_GROUP, *replies.acks)
-                results = await pipe.execute(raise_on_error=False)
+            commands: list[tuple[Any, ...]] = []
+            for inbox, payloads in replies.inboxes.items():
+                commands += [("RPUSH", inbox, *payloads), ("PEXPIRE", inbox, REPLY_TTL_MS)]
+            commands.append(("XACK", self.stream, WORKERS_GROUP, *replies.acks))
+            results = await pipelined(self.redis, commands)
         except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
             _failures.warning("could not send %d replies: %s", len(replies.acks), exc)
             return
