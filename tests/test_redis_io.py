@@ -1,0 +1,86 @@
+"""bus.redis_io's own pipelined exchange and stream replies, on a real Redis and a real cluster:
+what redis-py's Pipeline and parsers gave before, without their cost per call."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from bus.redis_io import close, connect, pipelined
+from bus.settings import BusSettings
+
+
+async def test_an_error_reply_in_a_pipeline_leaves_the_others_in_their_places(
+    bus_settings: BusSettings,
+) -> None:
+    redis = connect(bus_settings)
+    key = f"{bus_settings.prefix}:io"
+    try:
+        await redis.set(f"{key}:str", "x")
+        replies = await pipelined(
+            redis,
+            [
+                ("RPUSH", f"{key}:list", "a", "b"),
+                ("RPUSH", f"{key}:str", "c"),  # WRONGTYPE
+                ("PEXPIRE", f"{key}:list", 60_000),
+                ("LRANGE", f"{key}:list", 0, -1),
+            ],
+        )
+        assert replies[0] == 2 and isinstance(replies[1], ResponseError)
+        assert replies[2] is True  # redis-py's own parse of PEXPIRE, as its Pipeline gave
+        assert replies[3] == [b"a", b"b"]
+    finally:
+        await redis.aclose()
+
+
+async def test_a_pipeline_cut_short_never_hands_its_unread_replies_to_the_next_call(
+    bus_settings: BusSettings,
+) -> None:
+    """Cancelled while Redis still owes replies (a blocking pop first): the connection is
+    closed, so the next exchange reads its own replies, not the ones left over."""
+    redis = connect(bus_settings)
+    redis.connection_pool.max_connections = 1  # the next call gets the same pooled connection
+    try:
+        call = asyncio.create_task(
+            pipelined(redis, [("BLPOP", f"{bus_settings.prefix}:never", 0.3), ("ECHO", "stale")])
+        )
+        await asyncio.sleep(0.05)  # let it send and start waiting
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        assert await pipelined(redis, [("ECHO", "fresh"), ("PING",)]) == [b"fresh", True]
+        assert await redis.echo("again") == b"again"
+    finally:
+        await redis.aclose()
+
+
+async def test_stream_replies_match_redis_pys_shape_on_a_node_and_on_a_cluster(
+    bus_settings: BusSettings, cluster_settings: BusSettings
+) -> None:
+    for settings in (bus_settings, cluster_settings):
+        redis: Redis = connect(settings)
+        s = f"{settings.prefix}:{{s}}"
+        try:
+            a = await redis.xadd(s, {"data": b"1", "more": b"2"})
+            b = await redis.xadd(s, {"data": b"3"})
+            await redis.xgroup_create(s, "g", id="0")
+            read: Any = await redis.xreadgroup("g", "c", {s: ">"}, count=10)
+            assert read == [
+                [s.encode(), [(a, {b"data": b"1", b"more": b"2"}), (b, {b"data": b"3"})]]
+            ]
+            await redis.xdel(s, a)
+            pending: Any = await redis.xreadgroup("g", "c", {s: "0"}, count=10)
+            assert pending == [[s.encode(), [(a, {}), (b, {b"data": b"3"})]]]  # deleted: no fields
+            replies = await pipelined(
+                redis,
+                [
+                    ("XREADGROUP", "GROUP", "g", "c", "COUNT", 10, "STREAMS", s, "0"),
+                    ("XACK", s, "g", a, b),
+                ],
+            )
+            assert replies == [pending, 2]
+            assert await redis.xread({s: "$"}, block=10) == []
+        finally:
+            await close(redis)
