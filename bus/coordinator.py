@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -543,9 +544,15 @@ class Coordinator(EventRunner):
     # -- keeping the directory fresh -----------------------------------------------------------
 
     async def _refresh_loop(self) -> None:
+        # The first wait is a random part of the period: clients started together (an agent
+        # host's, a benchmark's) then refresh apart. In step, 32 of them stalled every
+        # dispatch of the process together once a second (p99 at 32 agents, paced, 2.9x the
+        # floor's; 1.4x without refreshes).
+        wait = random.uniform(0, self.bus.refresh_secs)
         while not self._closed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.bus.refresh_secs)
+                await asyncio.wait_for(self._wake.wait(), wait)
+            wait = self.bus.refresh_secs
             self._wake.clear()
             if self._closed:
                 return

@@ -552,3 +552,29 @@ async def test_the_control_channel_names_sessions_by_digest_only(bus_settings: B
         await listener.aclose()
         await client.close()
         await other.close()
+
+
+async def test_clients_started_together_refresh_their_directories_apart(
+    bus_settings: BusSettings,
+) -> None:
+    """Each client's first periodic refresh of the hook directory comes at a random part of
+    the period: clients an agent host starts together do not all stall at the same moment."""
+    settings = msgspec.structs.replace(bus_settings, refresh_secs=1.0)
+    loop = asyncio.get_running_loop()
+    firsts: dict[int, float] = {}
+    clients = [HookClient(settings) for _ in range(6)]
+    for i, client in enumerate(clients):
+        refresh = client.directory.refresh
+
+        async def timed(i: int = i, refresh: Any = refresh) -> None:
+            firsts.setdefault(i, loop.time())
+            await refresh()
+
+        client.directory.refresh = timed  # type: ignore[method-assign]
+    try:
+        await asyncio.gather(*(c.start() for c in clients))
+        firsts.clear()  # start()'s own read: every client at once, as it must
+        await wait_for(lambda: len(firsts) == len(clients), timeout=5)
+        assert max(firsts.values()) - min(firsts.values()) > 0.1
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
