@@ -51,7 +51,7 @@ from bus.protocol import (
 )
 from bus.ratelog import RateLimitedLog
 from bus.redis_io import close as close_client
-from bus.redis_io import connect, dead_letter, xadd_batch
+from bus.redis_io import connect, dead_letter, pipelined, xadd_batch
 from bus.registry import local_target
 from bus.retention import hard_cap
 from bus.runner import EventRunner, inspected
@@ -489,7 +489,13 @@ class Coordinator(EventRunner):
         backoff = 0.05
         while not self._closed:
             try:
-                popped = await self.redis.blmpop(0.5, 1, self.inbox, direction="LEFT", count=256)
+                # One command through pipelined(): redis-py's command path costs more per call
+                # (bus/redis_io.py), and this runs once per reply or two.
+                [popped] = await pipelined(
+                    self.redis, [("BLMPOP", 0.5, 1, self.inbox, "LEFT", "COUNT", 256)]
+                )
+                if isinstance(popped, Exception):
+                    raise popped
                 backoff = 0.05
             except (RedisError, OSError) as exc:
                 log.warning("inbox reader lost Redis (%s); retrying in %.2fs", exc, backoff)
