@@ -123,7 +123,7 @@ class Plan:
 
 
 FULL = {
-    "closed": Plan(think_ms=0, rounds=4, per_round=500, min_per_agent=10, warmup=20),
+    "closed": Plan(think_ms=0, rounds=8, per_round=500, min_per_agent=10, warmup=20),
     "paced": Plan(think_ms=THINK_MS, rounds=2, per_round=300, min_per_agent=10, warmup=5),
 }
 QUICK = {
