@@ -51,7 +51,7 @@ from bus.protocol import (
 )
 from bus.ratelog import RateLimitedLog
 from bus.redis_io import close as close_client
-from bus.redis_io import connect, dead_letter, pipelined, xadd_batch
+from bus.redis_io import connect, dead_letter, held_connection, pipelined, xadd_batch
 from bus.registry import local_target
 from bus.retention import hard_cap
 from bus.runner import EventRunner, inspected
@@ -487,42 +487,50 @@ class Coordinator(EventRunner):
 
     async def _read_inbox(self) -> None:
         backoff = 0.05
-        while not self._closed:
-            try:
-                # One command through pipelined(): redis-py's command path costs more per call
-                # (bus/redis_io.py), and this runs once per reply or two.
-                [popped] = await pipelined(
-                    self.redis, [("BLMPOP", 0.5, 1, self.inbox, "LEFT", "COUNT", 256)]
-                )
-                if isinstance(popped, Exception):
-                    raise popped
-                backoff = 0.05
-            except (RedisError, OSError) as exc:
-                log.warning("inbox reader lost Redis (%s); retrying in %.2fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                continue
-            if not popped:
-                continue
-            replies = cast(list[bytes], popped[1])
-            # One reply wakes one dispatch at most: it sends its own requests, while this
-            # reader re-arms its read. Several may wake several: they share one round trip.
-            self._delivering = len(replies) > 1
-            try:
-                for data in replies:
-                    try:
-                        self._deliver(data)
-                    except Exception:  # no reply can stop the reader that all dispatches need
-                        self.stats["malformed_replies"] += 1
-                        _failures.error("could not deliver a reply", exc_info=True)
-                # Let the dispatches waiting on these replies run (future callback, then their
-                # task) before this reader spends time re-arming its blocking read.
-                await asyncio.sleep(0)
-                await asyncio.sleep(0)
-            finally:
-                self._delivering = False
-            if self._outbox:  # what the woken dispatches asked next: one round trip for all
-                await self._flush()  # (their replies cannot come before it is done)
+        conn: Any = None  # the reader's own connection: no trip through the pool per read
+        try:
+            while not self._closed:
+                try:
+                    if conn is None:
+                        conn = await held_connection(self.redis)
+                    # pipelined(): redis-py's command path costs more per call (redis_io.py)
+                    [popped] = await pipelined(
+                        self.redis, [("BLMPOP", 0.5, 1, self.inbox, "LEFT", "COUNT", 256)], conn
+                    )
+                    if isinstance(popped, Exception):
+                        raise popped
+                    backoff = 0.05
+                except (RedisError, OSError) as exc:
+                    log.warning("inbox reader lost Redis (%s); retrying in %.2fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    continue
+                if popped:
+                    await self._take(cast(list[bytes], popped[1]))
+        finally:
+            if conn is not None:
+                await self.redis.connection_pool.release(conn)
+
+    async def _take(self, replies: list[bytes]) -> None:
+        """Deliver what one read of the inbox brought."""
+        # One reply wakes one dispatch at most: it sends its own requests, while this
+        # reader re-arms its read. Several may wake several: they share one round trip.
+        self._delivering = len(replies) > 1
+        try:
+            for data in replies:
+                try:
+                    self._deliver(data)
+                except Exception:  # no reply can stop the reader that all dispatches need
+                    self.stats["malformed_replies"] += 1
+                    _failures.error("could not deliver a reply", exc_info=True)
+            # Let the dispatches waiting on these replies run (future callback, then their
+            # task) before this reader spends time re-arming its blocking read.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        finally:
+            self._delivering = False
+        if self._outbox:  # what the woken dispatches asked next: one round trip for all
+            await self._flush()  # (their replies cannot come before it is done)
 
     def _deliver(self, data: bytes) -> None:
         try:

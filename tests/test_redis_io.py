@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
-from bus.redis_io import close, connect, pipelined
+from bus.redis_io import close, connect, held_connection, pipelined
 from bus.settings import BusSettings
 
 
@@ -84,3 +85,25 @@ async def test_stream_replies_match_redis_pys_shape_on_a_node_and_on_a_cluster(
             assert await redis.xread({s: "$"}, block=10) == []
         finally:
             await close(redis)
+
+
+async def test_a_held_connection_cut_by_redis_reconnects_on_its_next_exchange(
+    bus_settings: BusSettings,
+) -> None:
+    """The inbox reader keeps one connection (held_connection): when Redis drops it, that
+    exchange fails as unreachable, and the next one through it reconnects."""
+    redis = connect(bus_settings)
+    conn = await held_connection(redis)
+    try:
+        [me] = await pipelined(redis, [("CLIENT", "ID")], conn)
+        killer = connect(bus_settings)
+        try:
+            assert await killer.execute_command("CLIENT", "KILL", "ID", me) == 1
+        finally:
+            await killer.aclose()
+        with pytest.raises((RedisError, OSError)):
+            await pipelined(redis, [("PING",)], conn)
+        assert await pipelined(redis, [("ECHO", "back")], conn) == [b"back"]
+    finally:
+        await redis.connection_pool.release(conn)
+        await redis.aclose()
