@@ -123,6 +123,7 @@ class Coordinator(EventRunner):
         self._flushing = False
         self._delivering = False  # the inbox reader is waking dispatches: it sends for them
         self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
+        self._send_conn: Any = None  # the flushes' own connection (they run one at a time)
         self._session_hooks: dict[str, frozenset[str]] = {}
         self._by_digest: dict[str, str] = {}  # session_digest(sid) → sid, for control notes
         self._stale_sessions: set[str] = set()
@@ -162,6 +163,8 @@ class Coordinator(EventRunner):
         _, late = await asyncio.wait(self._tasks, timeout=3)
         for task in late:
             task.cancel()
+        if self._send_conn is not None:
+            await self.redis.connection_pool.release(self._send_conn)
         await close_client(self.redis)
 
     async def __aenter__(self) -> Coordinator:
@@ -466,11 +469,15 @@ class Coordinator(EventRunner):
         self._outbox[:0] = kept
 
     async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
+        if self._send_conn is None:  # kept: no trip through the pool per flush (redis_io.py)
+            with contextlib.suppress(RedisError, OSError):  # else the pool's, which says why
+                self._send_conn = await held_connection(self.redis)
         results = await xadd_batch(
             self.redis,
             [(stream, payload, maxlen) for stream, payload, maxlen, _ in batch],
             replicas=self.bus.durable_replicas,
             wait_ms=self.bus.durable_wait_ms,
+            conn=self._send_conn,
         )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):

@@ -376,18 +376,24 @@ Xadd = tuple[str, bytes, int]
 
 
 async def xadd_batch(
-    redis: Redis, batch: Sequence[Xadd], *, replicas: int = 0, wait_ms: int = 1000
+    redis: Redis,
+    batch: Sequence[Xadd],
+    *,
+    replicas: int = 0,
+    wait_ms: int = 1000,
+    conn: Any = None,
 ) -> list[Any]:
     """XADD every item (one round trip per node); each result is an entry id or the exception.
 
     ``replicas`` > 0 is the durable mode: after the XADDs, ``WAIT replicas wait_ms`` on the
     same connection, and an item whose master did not hear back from that many replicas gets
     :class:`NotReplicated` instead of its id (the write may still survive; it is not promised).
+    ``conn``: a connection the caller holds (:func:`held_connection`; a plain client only).
     """
     if replicas <= 0:
-        return await _pipelined(redis, batch, None)
+        return await _pipelined(redis, batch, None, conn)
     if not isinstance(redis, RedisCluster):
-        return await _pipelined(redis, batch, (replicas, wait_ms))
+        return await _pipelined(redis, batch, (replicas, wait_ms), conn)
     # WAIT names no key: redis-py's cluster pipeline sends it to a random node, whose answer
     # says nothing about ours. So each master's share goes through a plain client of that node.
     cluster = cast(RedisCluster, redis)
@@ -433,7 +439,7 @@ async def _refresh_slots(cluster: RedisCluster) -> None:
 
 
 async def _pipelined(
-    redis: Redis, batch: Sequence[Xadd], wait: tuple[int, int] | None
+    redis: Redis, batch: Sequence[Xadd], wait: tuple[int, int] | None, conn: Any = None
 ) -> list[Any]:
     commands: list[tuple[Any, ...]] = [
         ("XADD", stream, "MAXLEN", "~", maxlen, "*", DATA_FIELD, payload)
@@ -442,7 +448,7 @@ async def _pipelined(
     if wait is not None:
         commands.append(("WAIT", *wait))
     try:
-        results = await pipelined(redis, commands)
+        results = await pipelined(redis, commands, conn)
     except (RedisError, OSError) as exc:
         return [exc] * len(batch)
     if wait is not None:
