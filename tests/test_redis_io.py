@@ -12,6 +12,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from bus.redis_io import close, connect, held_connection, pipelined
 from bus.settings import BusSettings
+from tests.harness import wait_for
 
 
 async def test_an_error_reply_in_a_pipeline_leaves_the_others_in_their_places(
@@ -46,9 +47,18 @@ async def test_a_pipeline_cut_short_never_hands_its_unread_replies_to_the_next_c
     redis.connection_pool.max_connections = 1  # the next call gets the same pooled connection
     try:
         call = asyncio.create_task(
-            pipelined(redis, [("BLPOP", f"{bus_settings.prefix}:never", 0.3), ("ECHO", "stale")])
+            pipelined(redis, [("BLPOP", f"{bus_settings.prefix}:never", 2), ("ECHO", "stale")])
         )
-        await asyncio.sleep(0.05)  # let it send and start waiting
+        watcher = connect(bus_settings)
+        try:  # sent, and Redis is holding its reply: a client blocked in BLPOP
+
+            async def blocked() -> bool:
+                clients: Any = await watcher.client_list()
+                return any(c.get("cmd") == "blpop" for c in clients)
+
+            await wait_for(blocked, timeout=5, what="the BLPOP to be blocked in Redis")
+        finally:
+            await watcher.aclose()
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
         assert await pipelined(redis, [("ECHO", "fresh"), ("PING",)]) == [b"fresh", True]
