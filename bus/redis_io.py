@@ -508,12 +508,29 @@ async def ensure_group(redis: Redis, stream: str, group: str, start: str = "$") 
 
 
 async def read_group(
-    redis: Redis, group: str, consumer: str, stream: str, *, count: int, block_ms: int | None
+    redis: Redis,
+    group: str,
+    consumer: str,
+    stream: str,
+    *,
+    count: int,
+    block_ms: int | None,
+    conn: Any = None,
 ) -> list[Entry]:
-    """New entries for ``consumer`` (XREADGROUP … >), or [] after ``block_ms`` (None: at once)."""
-    response: Any = await redis.xreadgroup(
-        group, consumer, {stream: ">"}, count=count, block=block_ms
-    )
+    """New entries for ``consumer`` (XREADGROUP … >), or [] after ``block_ms`` (None: at once).
+    ``conn``: a connection the caller holds (:func:`held_connection`), read through
+    :func:`pipelined`."""
+    response: Any
+    if conn is None:
+        response = await redis.xreadgroup(
+            group, consumer, {stream: ">"}, count=count, block=block_ms
+        )
+    else:
+        block = () if block_ms is None else ("BLOCK", block_ms)
+        command = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, *block)
+        [response] = await pipelined(redis, [(*command, "STREAMS", stream, ">")], conn)
+        if isinstance(response, Exception):
+            raise response
     entries: list[Entry] = []
     for _, batch in response or ():
         entries.extend(cast(list[Entry], batch))
@@ -532,36 +549,47 @@ async def consume(
     recreate: Callable[[], Awaitable[None]],
 ) -> None:
     """Read a consumer group until ``stop``: new entries go to ``handle``; a lost group is
-    recreated; while Redis is unreachable the loop backs off and retries (it never dies)."""
+    recreated; while Redis is unreachable the loop backs off and retries (it never dies).
+    The reader keeps a connection of its own (:func:`held_connection`): a read is on the path
+    of every request, and a trip through the pool costs 15-30 µs of CPU."""
     backoff = 0.1
-    while not stop.is_set():
-        try:
-            entries = await read_group(redis, group, consumer, stream, count=count, block_ms=200)
-            backoff = 0.1
-        except ResponseError as exc:
-            if group_lost(exc):
-                log.warning("%s or its group %s vanished; recreating it", stream, group)
-                try:
-                    await recreate()
-                except UNREACHABLE as lost:  # tried again at the next read
-                    log.warning("could not recreate %s (%s); retrying", group, lost)
+    conn: Any = None
+    try:
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = await held_connection(redis)
+                entries = await read_group(
+                    redis, group, consumer, stream, count=count, block_ms=200, conn=conn
+                )
+                backoff = 0.1
+            except ResponseError as exc:
+                if group_lost(exc):
+                    log.warning("%s or its group %s vanished; recreating it", stream, group)
+                    try:
+                        await recreate()
+                    except UNREACHABLE as lost:  # tried again at the next read
+                        log.warning("could not recreate %s (%s); retrying", group, lost)
+                        await asyncio.sleep(backoff)
+                else:
+                    log.error("Redis refused a read of %s (%s); retrying", stream, exc)
                     await asyncio.sleep(backoff)
-            else:
-                log.error("Redis refused a read of %s (%s); retrying", stream, exc)
+                continue
+            except UNREACHABLE as exc:
+                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
-            continue
-        except UNREACHABLE as exc:
-            log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-            continue
-        try:
-            await handle(entries)
-        except UNREACHABLE as exc:  # lost while handling: what was not acknowledged stays
-            log.warning("Redis unreachable while handling %s (%s); retrying", stream, exc)
-            await asyncio.sleep(backoff)
-        except Exception:  # no message stops the loop; what was not acknowledged is claimed
-            _failures.error("handling a batch of %s failed", stream, exc_info=True)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            try:
+                await handle(entries)
+            except UNREACHABLE as exc:  # lost while handling: what was not acknowledged stays
+                log.warning("Redis unreachable while handling %s (%s); retrying", stream, exc)
+                await asyncio.sleep(backoff)
+            except Exception:  # no message stops the loop; what was not acknowledged is claimed
+                _failures.error("handling a batch of %s failed", stream, exc_info=True)
+    finally:
+        if conn is not None:
+            await redis.connection_pool.release(conn)
 
 
 async def keep_and_claim(

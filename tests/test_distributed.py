@@ -268,6 +268,46 @@ async def test_an_inbox_that_is_not_a_list_loses_only_its_own_answer_and_is_coun
         await redis.aclose()
 
 
+async def test_a_decision_inbox_that_is_not_a_list_loses_only_its_own_answer_and_is_counted(
+    bus_settings: BusSettings,
+) -> None:
+    """The coordinator service's RPUSH of a decision to an inbox made a string fails: that
+    request is still acknowledged (retrying cannot help), the loss is counted, and the next
+    agent gets its decision."""
+    from bus.keys import COORDINATORS_GROUP
+    from bus.redis_io import ensure_group
+    from workers.coordinator_service import CoordinatorService, Source
+
+    service = CoordinatorService(bus_settings)
+    keys, redis = service.keys, service.redis
+    source = Source(keys.decision_partitions[0])
+    good, spoiled = keys.inbox("good"), keys.inbox("spoiled")
+    try:
+        await ensure_group(redis, source.stream, COORDINATORS_GROUP, start="0")
+        service._register(source)
+        await redis.set(spoiled, "not a list")
+        ids = []
+        for inbox in (spoiled, good):
+            request = {
+                "id": new_id(), "ts": now_ms(), "event": PRE, "reply_to": inbox,
+                "context": {"session_id": "s", "tool_name": "t", "tool_args": {}},
+            }  # fmt: skip
+            ids.append(request["id"])
+            await redis.xadd(source.stream, {DATA_FIELD: json.dumps(request)})
+        read: Any = await redis.xreadgroup(
+            COORDINATORS_GROUP, service.coordinator.id, {source.stream: ">"}, count=10
+        )
+        for entry_id, fields in read[0][1]:
+            await service._answer(source, entry_id, fields)
+        answered = [json.loads(data)["request_id"] for data in await redis.lrange(good, 0, -1)]
+        assert answered == [ids[1]]
+        assert (service.stats["unsent"], service.stats["answered"]) == (1, 1)
+        pending: Any = await redis.xpending(source.stream, COORDINATORS_GROUP)
+        assert pending["pending"] == 0
+    finally:
+        await redis.aclose()
+
+
 async def test_a_read_from_a_frozen_redis_times_out_and_the_client_recovers(
     monkeypatch: Any,
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from bus.redis_io import close, connect, held_connection, pipelined
+from bus.redis_io import close, connect, consume, ensure_group, held_connection, pipelined
 from bus.settings import BusSettings
 from tests.harness import wait_for
 
@@ -117,3 +117,44 @@ async def test_a_held_connection_cut_by_redis_reconnects_on_its_next_exchange(
     finally:
         await redis.connection_pool.release(conn)
         await redis.aclose()
+
+
+async def test_a_group_reader_outlives_redis_cutting_its_connection_and_gives_it_back(
+    bus_settings: BusSettings,
+) -> None:
+    """consume() reads through a connection it keeps: when Redis drops it, the reader goes on
+    with new entries (reconnected); once stopped, the connection is back in the pool."""
+    redis, admin = connect(bus_settings), connect(bus_settings)
+    stream = f"{bus_settings.prefix}:reader"
+    await ensure_group(redis, stream, "g", start="0")
+    got: list[bytes] = []
+    stop = asyncio.Event()
+
+    async def handle(entries: list[Any]) -> None:
+        got.extend(fields[b"n"] for _, fields in entries)
+
+    async def recreate() -> None:
+        await ensure_group(redis, stream, "g", start="0")
+
+    async def reader() -> Any:  # the connection blocked in the group's read
+        return [c["id"] for c in await admin.client_list() if c["cmd"] == "xreadgroup"]
+
+    task = asyncio.create_task(
+        consume(redis, stream, "g", "c", count=8, stop=stop, handle=handle, recreate=recreate)
+    )
+    try:
+        await admin.xadd(stream, {"n": "1"})
+        await wait_for(lambda: got == [b"1"], what="the first entry")
+        [first] = await wait_for(reader, what="the reader blocked in XREADGROUP")
+        assert await admin.execute_command("CLIENT", "KILL", "ID", first) == 1
+        await admin.xadd(stream, {"n": "2"})
+        await wait_for(lambda: got == [b"1", b"2"], what="an entry after the cut")
+        [second] = await wait_for(reader, what="the reader reconnected")
+        assert second != first
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        in_use = list(redis.connection_pool._get_in_use_connections())  # type: ignore[attr-defined]
+        await admin.aclose()
+        await redis.aclose()
+    assert in_use == []

@@ -54,6 +54,7 @@ from bus.redis_io import (
     ensure_group,
     hand_over,
     keep_and_claim,
+    pipelined,
 )
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
@@ -232,6 +233,7 @@ class CoordinatorService:
             "claimed": 0,
             "agent_clock_skewed": 0,
             "cancelled": 0,
+            "unsent": 0,
         }
         self.expired = ExpiredDrops(log, "decision requests")
         self._skew_logged_at = -1e9
@@ -325,6 +327,9 @@ class CoordinatorService:
         async def answer_all(entries: list[Entry]) -> None:
             for entry_id, fields in entries:
                 self._start(source, entry_id, fields)
+            # The dispatches just started send their requests before this reader re-arms its
+            # read: that send is on the path of every decision, the re-arm is not.
+            await asyncio.sleep(0)
 
         await consume(
             self.redis,
@@ -479,8 +484,8 @@ class CoordinatorService:
             with contextlib.suppress(*UNREACHABLE):  # else it is dropped when claimed again
                 await self._ack(source, entry_id)
             return
-        await self._send(source, entry_id, request.reply_to, reply)
-        self.stats["answered"] += 1
+        if await self._send(source, entry_id, request.reply_to, reply):
+            self.stats["answered"] += 1
 
     async def _cancel(self, source: Source, entry_id: bytes, request: CancelRequest) -> None:
         """Cancel one of the asker's own sessions (a tenant's are qualified). Cancelling only
@@ -600,7 +605,8 @@ class CoordinatorService:
 
     async def _send(
         self, source: Source, entry_id: bytes, reply_to: str, reply: DecisionReply
-    ) -> None:
+    ) -> bool:
+        """Send ``reply`` and acknowledge its request; False if the agent did not get it."""
         try:
             payload = encode(reply)
         except LimitError as exc:
@@ -614,11 +620,24 @@ class CoordinatorService:
                 fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
             payload = encode(fallback)
         try:
-            async with self._io, self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(reply_to, payload)
-                pipe.pexpire(reply_to, REPLY_TTL_MS)
-                pipe.xack(source.stream, COORDINATORS_GROUP, entry_id)
-                await pipe.execute()
-            self._settled[source].add(entry_id)
-        except (RedisError, OSError) as exc:
+            async with self._io:  # pipelined(): redis-py's Pipeline costs more a call (redis_io)
+                pushed, _, acked = await pipelined(
+                    self.redis,
+                    [
+                        ("RPUSH", reply_to, payload),
+                        ("PEXPIRE", reply_to, REPLY_TTL_MS),
+                        ("XACK", source.stream, COORDINATORS_GROUP, entry_id),
+                    ],
+                )
+        except (RedisError, OSError) as exc:  # left pending: answered again when claimed
             _failures.warning("could not answer %s: %s", reply.request_id, exc)
+            return False
+        if isinstance(acked, Exception):  # not acknowledged: answered again when claimed
+            _failures.warning("could not acknowledge %s: %s", reply.request_id, acked)
+            return False
+        self._settled[source].add(entry_id)
+        if isinstance(pushed, Exception):  # an inbox key that is not a list: that agent times
+            self.stats["unsent"] += 1  # out; retrying cannot help
+            _failures.warning("could not answer %s in %s: %s", reply.request_id, reply_to, pushed)
+            return False
+        return True
