@@ -87,6 +87,8 @@ class Coordinator(EventRunner):
         source: a name for this agent or service, recorded on published events.
     """
 
+    sends_context = True  # every request and event carries the context's JSON
+
     def __init__(
         self,
         settings: BusSettings,

@@ -240,9 +240,9 @@ class HookRegistry(EventRunner):
             # index as it is, and no hook's answer can be held back.
             index = self._event_index[event]
             # No observer reads the outcomes' times here (observers, and tracing, take the
-            # runner's other paths): timed=False.
+            # runner's other paths): timed=False (passed by position: a keyword costs more).
             return start_local(event, ctx, index, self.settings.hook_timeout_secs, sequential,
-                               self._calls[event], timed=False)  # fmt: skip
+                               self._calls[event], False)  # fmt: skip
         return self.gather(event, ctx, sequential=sequential)
 
     async def gather(

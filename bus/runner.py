@@ -105,6 +105,9 @@ class EventRunner(abc.ABC):
     """One ``run_*`` method per lifecycle event, over an abstract way of calling hooks."""
 
     settings: HookSettings
+    #: The mode sends the context's JSON on (``inspected``): it keeps the copy made when the
+    #: context was inspected. A mode that calls hooks in this process does not pay for that.
+    sends_context: bool = False
 
     def __init__(self, settings: HookSettings | None = None) -> None:
         self.settings = settings if settings is not None else HookSettings.from_env()
@@ -209,7 +212,8 @@ class EventRunner(abc.ABC):
         except LimitError as exc:
             self.refused(event, ctx, exc)
             return exc
-        _inspected.set((ctx, data))
+        if self.sends_context:
+            _inspected.set((ctx, data))
         self.fire_async(event, ctx)
         if not self.observers:
             return self.start_gather(event, ctx, sequential)
