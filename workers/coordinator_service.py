@@ -21,7 +21,6 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
-from redis.exceptions import RedisError
 
 from bus import telemetry
 from bus.aggregation import refusal
@@ -54,12 +53,11 @@ from bus.redis_io import (
     ensure_group,
     hand_over,
     keep_and_claim,
-    pipelined,
 )
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
 from workers.probes import Health
-from workers.worker import REPLY_TTL_MS
+from workers.worker import Replies, send_replies
 
 log = logging.getLogger("hookbus.coordinator.service")
 _failures = RateLimitedLog(log)
@@ -619,25 +617,11 @@ class CoordinatorService:
             else:
                 fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
             payload = encode(fallback)
-        try:
-            async with self._io:  # pipelined(): redis-py's Pipeline costs more a call (redis_io)
-                pushed, _, acked = await pipelined(
-                    self.redis,
-                    [
-                        ("RPUSH", reply_to, payload),
-                        ("PEXPIRE", reply_to, REPLY_TTL_MS),
-                        ("XACK", source.stream, COORDINATORS_GROUP, entry_id),
-                    ],
-                )
-        except (RedisError, OSError) as exc:  # left pending: answered again when claimed
-            _failures.warning("could not answer %s: %s", reply.request_id, exc)
-            return False
-        if isinstance(acked, Exception):  # not acknowledged: answered again when claimed
-            _failures.warning("could not acknowledge %s: %s", reply.request_id, acked)
+        async with self._io:
+            replies = Replies().add_one(reply_to, payload, entry_id)
+            unsent = await send_replies(self.redis, source.stream, COORDINATORS_GROUP, replies)
+        if unsent is None:  # not acknowledged: answered again when claimed
             return False
         self._settled[source].add(entry_id)
-        if isinstance(pushed, Exception):  # an inbox key that is not a list: that agent times
-            self.stats["unsent"] += 1  # out; retrying cannot help
-            _failures.warning("could not answer %s in %s: %s", reply.request_id, reply_to, pushed)
-            return False
-        return True
+        self.stats["unsent"] += unsent
+        return not unsent

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 from opentelemetry.trace import Status, StatusCode
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bus import telemetry
@@ -82,7 +83,7 @@ class _Head(msgspec.Struct):
     reply_to: str = ""
 
 
-class _Replies:
+class Replies:
     """The replies of one batch of requests, by inbox, and the entries they answer."""
 
     __slots__ = ("acks", "inboxes", "open")
@@ -98,14 +99,43 @@ class _Replies:
             self.add_one(inbox, payload, entry_id)
         return self.open
 
-    def add_one(self, inbox: str, payload: bytes, entry_id: bytes) -> _Replies:
+    def add_one(self, inbox: str, payload: bytes, entry_id: bytes) -> Replies:
         self.inboxes.setdefault(inbox, []).append(payload)
         self.acks.append(entry_id)
         return self
 
-    def close(self) -> _Replies:
+    def close(self) -> Replies:
         self.open = False
         return self
+
+
+async def send_replies(redis: Redis, stream: str, group: str, replies: Replies) -> int | None:
+    """Send the replies of a batch and acknowledge its requests: one pipelined round trip (one
+    ``RPUSH`` and one ``PEXPIRE`` per inbox, one ``XACK``). Returns how many replies could not
+    be delivered (an inbox key that is not a list: that asker times out, the others of the batch
+    are answered; retrying cannot help), or None if the requests were not acknowledged (Redis
+    away, or it refused the XACK): they stay pending, answered again when claimed. Every
+    failure is logged."""
+    if not replies.acks:
+        return 0
+    commands: list[tuple[Any, ...]] = []
+    for inbox, payloads in replies.inboxes.items():
+        commands += [("RPUSH", inbox, *payloads), ("PEXPIRE", inbox, REPLY_TTL_MS)]
+    commands.append(("XACK", stream, group, *replies.acks))
+    try:
+        *sent, acked = await pipelined(redis, commands)
+    except (RedisError, OSError) as exc:
+        _failures.warning("could not send %d replies: %s", len(replies.acks), exc)
+        return None
+    if isinstance(acked, Exception):
+        _failures.warning("could not acknowledge %d requests: %s", len(replies.acks), acked)
+        return None
+    unsent = 0
+    for (inbox, payloads), pushed in zip(replies.inboxes.items(), sent[::2], strict=True):
+        if isinstance(pushed, Exception):
+            unsent += len(payloads)
+            _failures.warning("could not reply to %s: %s", inbox, pushed)
+    return unsent
 
 
 class HookWorker:
@@ -246,16 +276,16 @@ class HookWorker:
 
     async def _start_all(self, entries: list[Entry]) -> None:
         """Start every request of one read; the answers ready at once go out together."""
-        replies = _Replies()
+        replies = Replies()
         for entry_id, fields in entries:
             if replies.acks and self._slots.locked():  # the next waits for a slot: what is
                 await self._send(replies.close())  # answered goes out first
-                replies = _Replies()
+                replies = Replies()
             await self._start(entry_id, fields, replies)
         await self._send(replies.close())
 
     async def _start(
-        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None = None
+        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: Replies | None = None
     ) -> None:
         if entry_id in self._in_flight or entry_id in self._settled:
             return
@@ -278,7 +308,7 @@ class HookWorker:
     # -- one request ---------------------------------------------------------------------------
 
     async def _handle_safely(
-        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None
+        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: Replies | None
     ) -> None:
         """``_handle``, and whatever it raises besides Redis being away makes the entry a dead
         letter, acknowledged once: a message never stops this replica, nor comes back."""
@@ -302,7 +332,7 @@ class HookWorker:
             await self._ack(entry_id)
 
     async def _handle(
-        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: _Replies | None = None
+        self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: Replies | None = None
     ) -> None:
         data = (fields or {}).get(DATA_FIELD.encode())
         try:
@@ -370,31 +400,12 @@ class HookWorker:
                 msgspec.structs.replace(reply, status="error", action=None, error=error)
             )
         if replies is None or not replies.add(request.reply_to, payload, entry_id):
-            await self._send(_Replies().add_one(request.reply_to, payload, entry_id))
+            await self._send(Replies().add_one(request.reply_to, payload, entry_id))
 
-    async def _send(self, replies: _Replies) -> None:
-        """The replies of a batch and its acknowledgement: one pipelined round trip (one
-        ``RPUSH`` and one ``PEXPIRE`` per inbox, one ``XACK``)."""
-        if not replies.acks:
+    async def _send(self, replies: Replies) -> None:
+        unsent = await send_replies(self.redis, self.stream, WORKERS_GROUP, replies)
+        if unsent is None:  # not acknowledged: answered again when claimed
             return
-        try:
-            commands: list[tuple[Any, ...]] = []
-            for inbox, payloads in replies.inboxes.items():
-                commands += [("RPUSH", inbox, *payloads), ("PEXPIRE", inbox, REPLY_TTL_MS)]
-            commands.append(("XACK", self.stream, WORKERS_GROUP, *replies.acks))
-            results = await pipelined(self.redis, commands)
-        except (RedisError, OSError) as exc:  # left pending: retried once Redis is back
-            _failures.warning("could not send %d replies: %s", len(replies.acks), exc)
-            return
-        *sent, acked = results
-        if isinstance(acked, Exception):  # not acknowledged: answered again when claimed
-            _failures.warning("could not acknowledge %d requests: %s", len(replies.acks), acked)
-            return
-        unsent = 0
-        for (inbox, payloads), pushed in zip(replies.inboxes.items(), sent[::2], strict=True):
-            if isinstance(pushed, Exception):  # an inbox key that is not a list: that asker
-                unsent += len(payloads)  # times out; the others of the batch are answered
-                _failures.warning("could not reply to %s: %s", inbox, pushed)
         for entry_id in replies.acks:
             self._settled.add(entry_id)
         self.stats["unsent"] += unsent
