@@ -134,7 +134,7 @@ async def send_replies(redis: Redis, stream: str, group: str, replies: Replies) 
     for (inbox, payloads), pushed in zip(replies.inboxes.items(), sent[::2], strict=True):
         if isinstance(pushed, Exception):
             unsent += len(payloads)
-            _failures.warning("could not reply to %s: %s", inbox, pushed)
+            _failures.warning("could not reply to %r: %s", inbox, pushed)  # named by the asker
     return unsent
 
 
