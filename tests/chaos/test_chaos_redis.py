@@ -106,6 +106,10 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
         server.kill()
         killed_at = time.monotonic()
         await asyncio.sleep(DOWN)  # the outage's duration
+        # An XADD Redis answered just before the kill is seen by the publisher only once this
+        # task yields, after killed_at: every acknowledgement stamped before the restart came
+        # from the killed process, so the window runs to here, not to killed_at.
+        restarting_at = time.monotonic()
         server.start()
         await asyncio.sleep(AFTER)  # load after the restart
         stop.set()
@@ -116,7 +120,7 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
         entries = await client.redis.xrange(keys.event_partitions[0])
         present = {msgspec.json.decode(fields[b"data"])["id"] for _, fields in entries}
         lost = [i for i in acked if i not in present]
-        window = [i for i, t in acked.items() if killed_at - EVERYSEC_BOUND <= t <= killed_at]
+        window = [i for i, t in acked.items() if killed_at - EVERYSEC_BOUND <= t < restarting_at]
         async_figures = await services.reconcile(client.redis, keys)
 
     ledger.add(
@@ -132,7 +136,8 @@ async def test_a_redis_crash_loses_no_acknowledged_event_and_fails_closed(
     if fsync == "always":
         assert lost == []
     else:
-        assert set(lost) <= set(window)
+        beyond = {i: round(acked[i] - killed_at, 3) for i in set(lost) - set(window)}
+        assert not beyond, f"lost beyond everysec's bound (s after the kill): {beyond}"
     assert load.outcomes[load.BLOCKED] > 0, "no decision was taken while Redis was down"
     load.check()
 
