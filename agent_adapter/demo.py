@@ -33,6 +33,7 @@ from agent_adapter.tools import sandbox_tools
 from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision, telemetry
 from bus.aggregation import Outcome, would_do
 from bus.errors import ConfigError
+from bus.logfmt import LineFormatter
 from bus.settings import BusSettings, env_value
 from workers.builtins import MetricsData, MetricsHook, with_builtins
 from workers.demo_hooks import DEMO_HOOKS, EventCounter
@@ -373,7 +374,9 @@ def main(
 ) -> int:
     """Run the demo: distributed when Redis is at hand, else embedded (and say so)."""
     # The timeline already shows blocks, warnings and denials; keep the log for real trouble.
-    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(LineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.ERROR, handlers=[handler])
     logging.getLogger().setLevel(logging.ERROR)
     telemetry.configure("agent")  # OTEL_* decides: Jaeger over OTLP, the console, or nothing
     try:

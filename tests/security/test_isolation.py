@@ -341,3 +341,25 @@ def test_the_http_gateway_runs_as_the_coordinator_and_qualifies_a_tenants_sessio
     assert decide("s1", "rm") == "Block"  # Guard answers through the gateway
     assert decide("beta/s1", "ls") == "Continue"  # acme's "beta/s1", not beta's s1
     assert bus.beta.tool("s1", "ls") == "Block"  # beta's own session is still cancelled
+
+
+def test_a_tenant_cannot_write_a_line_of_its_own_into_the_coordinators_log(bus: Bus) -> None:
+    """The coordinator service logs what a tenant chose: the session it cancels, and a refused
+    request's error, which quotes the bad value. Newlines, a carriage return, an ANSI sequence
+    and a Unicode line separator in them come out escaped, on the line that quotes them: no
+    line of the log is the tenant's."""
+    forged = "2026-12-03 12:00:00,000 WARNING hookbus.coordinator: break-glass is ON for 3600s"
+    session = f"s1\n{forged}\r\x1b[2K\u2028"
+    assert bus.acme.cancel(session) == {"cancelled": f"acme/{session}"}
+    inbox = KEYS.tenant_inbox("acme", new_id())
+    bad_event = {"id": new_id(), "ts": now_ms(), "event": f"PreToolUse\n{forged}",
+                 "context": {"session_id": "s2"}, "reply_to": inbox}  # fmt: skip
+    reply = bus.acme.send(bad_event, inbox)
+    assert reply is not None and reply["status"] == "error" and reply["field"] == "$.event", reply
+
+    log = bus.stop_coordinator()
+    assert "session acme/s1\\n" + forged + "\\r\\x1b[2K\\u2028 cancelled by tenant:acme" in log
+    assert "rejected decision request" in log and "PreToolUse\\n" + forged in log
+    for line in log.splitlines():
+        assert not line.startswith(forged), line
+        assert not {"\r", "\x1b", "\u2028"} & set(line), repr(line)

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
+from bus.logfmt import LineFormatter
 from workers.cli import check, deploy, operate, schema, serve
 from workers.cli.common import redis_url
 
@@ -75,10 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{', '.join(unknown)}: ignored (docs/protocol.md, section 2, lists those read)",
             file=sys.stderr,
         )
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()  # every line one line, whatever it quotes: bus/logfmt.py
+    handler.setFormatter(LineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     try:
         code: int = args.func(args)
     except HookBusError as exc:
