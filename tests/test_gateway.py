@@ -255,10 +255,18 @@ def test_bad_requests_get_400_naming_the_field(
     assert text in reply["error"], reply
     if field:
         assert reply["request_id"] == json.loads(body)["id"]
-    # Claude Code's endpoint: the same, in its own words.
-    status, out, _ = gateway.post("/claude-code", {**INPUTS["PreToolUse"], "tool_name": 3})
-    assert (status, out["field"]) == (400, "$.tool_name"), out
+    # Claude Code's endpoint: the same, in its own words, for an event that gates nothing.
+    status, out, _ = gateway.post("/claude-code", {**INPUTS["SessionStart"], "session_id": 3})
+    assert (status, out["field"]) == (400, "$.session_id"), out
     assert gateway.post("/claude-code", b"{oops")[0] == 400
+    # A tool call's input HookBus cannot read is denied, with 200: Claude Code runs the tool
+    # on any other status.
+    status, out, _ = gateway.post("/claude-code", {**INPUTS["PreToolUse"], "tool_name": 3})
+    assert status == 200, out
+    check_output(out)
+    decision = out["hookSpecificOutput"]
+    assert decision["permissionDecision"] == "deny", out
+    assert "$.tool_name" in decision["permissionDecisionReason"], out
 
 
 def test_deadlines_sizes_and_credentials(
@@ -271,12 +279,17 @@ def test_deadlines_sizes_and_credentials(
     assert (status, reply["status"], reply["request_id"]) == (504, "error", late["id"]), reply
     assert reply["error"] == "no decision within timeout_ms=5000"
     assert not [m for m in events_of(bus_settings) if m.session_id.endswith("s-http")]
-    # Too large, declared or not: 413 (the body is not read).
+    # Too large, declared or not: 413 (the body is read no further).
     huge = decision_request(context={"session_id": "s", "tool_name": "t", "tool_args":
                                      {"blob": "x" * 5000}})  # fmt: skip
     status, reply, _ = gateway.post("/v1/decisions", huge)
     assert (status, reply["status"]) == (413, "error") and "4096-byte limit" in reply["error"]
-    assert gateway.post("/claude-code", {**INPUTS["PreToolUse"], "x": "y" * 5000})[0] == 413
+    status, out, _ = gateway.post("/claude-code", {**INPUTS["SessionStart"], "x": "y" * 5000})
+    assert status == 413 and "4096-byte limit" in out["error"], out
+    # A tool call's, though, is denied with 200 (Claude Code runs the tool on any other status).
+    status, out, _ = gateway.post("/claude-code", {**INPUTS["PreToolUse"], "x": "y" * 5000})
+    assert status == 200 and out["hookSpecificOutput"]["permissionDecision"] == "deny", out
+    assert "4096-byte limit" in out["hookSpecificOutput"]["permissionDecisionReason"], out
     # No token, a wrong one, another scheme: 401, with a challenge.
     for token, extra in [(None, {}), ("not-the-token", {}),
                          (None, {"Authorization": f"Basic {gateway.token}"})]:  # fmt: skip
@@ -285,6 +298,65 @@ def test_deadlines_sizes_and_credentials(
             assert status == 401, (path, reply)
             assert headers["www-authenticate"] == 'Bearer realm="hookbus"'
     assert not [m for m in events_of(bus_settings) if m.session_id.endswith("s-http")]
+
+
+def nested(levels: int) -> Any:
+    value: Any = "rm -rf /"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_input_no_hook_can_inspect_is_refused_with_200_never_left_to_claude_code(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """The LLM writes a tool call's input and what a tool returns, and can make them too deep,
+    too large or not decodable. Claude Code runs the tool on any answer but a 2xx, so each such
+    call, posted with the tenant's own token, is denied (or its output withheld) with 200, by
+    HookBus, naming why; nothing of it is dispatched. /v1/decisions answers an uninspectable
+    context with the coordinator service's refusal, not an error."""
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+    pre = {k: v for k, v in INPUTS["PreToolUse"].items() if k != "tool_input"}
+    assert gateway.post("/claude-code", {**pre, "tool_input": {"command": "ls"}})[:2] == (200, {})
+    surrogate = json.dumps({**pre, "tool_input": {"command": "rm -rf / #"}}).encode()
+    # tool_input written before hook_event_name, naming another event inside it.
+    first = {"tool_input": {"hook_event_name": "PostCompact", "d": nested(70)}, **pre}
+    attacks = {
+        "nested 70 levels (a context over 64)": {**pre, "tool_input": {"d": nested(70)}},
+        "nested 130 levels (a message over 128)": {**pre, "tool_input": {"d": nested(130)}},
+        "a 1.04 MB context in a body under 1 MiB": {**pre, "tool_input": {"p": "A" * 1_040_000}},
+        "a body over 1 MiB": {**pre, "tool_input": {"p": "A" * 1_100_000}},
+        "a lone surrogate": surrogate.replace(b"#", b"\\ud800"),
+        "another event named inside tool_input": first,
+    }
+    for what, body in attacks.items():
+        status, out, _ = gateway.post("/claude-code", body)
+        assert status == 200, (what, out)
+        check_output(out)
+        decision = out["hookSpecificOutput"]
+        assert decision["permissionDecision"] == "deny", (what, out)
+        assert decision["permissionDecisionReason"].startswith("HookBus: input refused"), out
+    permission = {**INPUTS["PermissionRequest"], "tool_input": {"d": nested(70)}}
+    status, out, _ = gateway.post("/claude-code", permission)
+    assert status == 200 and out["hookSpecificOutput"]["decision"]["behavior"] == "deny", out
+    output = {**INPUTS["PostToolUse"], "tool_response": {"stdout": "A" * 1_040_000}}
+    status, out, _ = gateway.post("/claude-code", output)
+    assert status == 200 and out["decision"] == "block", out
+    assert out["hookSpecificOutput"]["updatedToolOutput"].startswith("[output withheld by HookBus")
+    check_output(out)
+
+    deep = decision_request(context={"session_id": "s", "tool_name": "Bash",
+                                     "tool_args": {"d": nested(70)}})  # fmt: skip
+    status, reply, _ = gateway.post("/v1/decisions", deep)
+    assert (status, reply["status"], reply["request_id"]) == (200, "ok", deep["id"]), reply
+    assert reply["result"]["action"]["type"] == "Block", reply
+    assert reply["result"]["blocking_errors"][0]["hook_name"] == "HookBus", reply
+    assert get(gateway.port, "/healthz")[1]["stats"]["refused"] == len(attacks) + 3
+    published = [m.event for m in events_of(bus_settings)]
+    assert published.count(HookEvent.PRE_TOOL_USE) == 1  # the readable one only
+    assert (
+        HookEvent.POST_TOOL_USE not in published and HookEvent.PERMISSION_REQUEST not in published
+    )
 
 
 def test_the_tenant_comes_from_the_token_never_the_body(

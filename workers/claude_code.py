@@ -46,6 +46,7 @@ from bus.actions import (
     TaggedContext,
     Warn,
 )
+from bus.aggregation import refusal
 from bus.errors import ProtocolError
 from bus.events import (
     HookContext,
@@ -378,6 +379,50 @@ def _permission_request(call: Call, result: PermissionRequestResult) -> dict[str
     return out  # Continue, or Override(Ask): Claude Code shows its dialog
 
 
+#: Each ``"hook_event_name": "NAME"`` of a body, read as bytes. Inside a JSON string a quote is
+#: escaped (``\\"``), so this finds keys only, however the body is malformed.
+_EVENT_NAME = re.compile(rb'"hook_event_name"\s*:\s*"([A-Za-z]{1,40})"')
+#: The events whose unreadable input must be refused, most restrictive first.
+_REFUSED_FIRST = ("PreToolUse", "PermissionRequest", "PostToolUse", "PostToolUseFailure")
+#: What each refused event's answer is built on (the refusal reads only the context's kind).
+_BLANK: dict[str, HookContext] = {
+    "PreToolUse": PreToolUseContext(session_id="", tool_name=""),
+    "PermissionRequest": PermissionRequestContext(session_id="", tool_name=""),
+    "PostToolUse": PostToolUseContext(session_id="", tool_name="", output_content=""),
+    "PostToolUseFailure": PostToolUseFailureContext(session_id="", tool_name="", error_message=""),
+}
+
+
+def event_named(body: bytes) -> str:
+    """The Claude Code event a hook input that could not be read is for, found without a JSON
+    parser: the body may be too large, too deep, cut short or not UTF-8. Where it names more
+    than one (Claude Code writes ``hook_event_name`` before ``tool_input``, but the LLM writes
+    ``tool_input``), the most restrictive: a tool-gating event before a tool's output before
+    the rest. ``""`` when it names none."""
+    names = {m.group(1).decode() for m in _EVENT_NAME.finditer(body)}
+    for name in _REFUSED_FIRST:
+        if name in names:
+            return name
+    return min(names, default="")
+
+
+def refused(claude_event: str, why: str) -> dict[str, Any] | None:
+    """Claude Code's answer to a hook call whose input no hook could inspect (too large, too
+    deep, not JSON HookBus can read: ``why``), as for any agent (protocol.md 5.6): the tool
+    call denied (PreToolUse, PermissionRequest), the tool's output withheld (PostToolUse),
+    ``{}`` for the events that gate nothing; None if ``claude_event`` is not one HookBus knows.
+    Claude Code takes every answer but a 2xx as a non-blocking error and runs the tool, so this
+    is what the gateway answers, with 200."""
+    event = EVENTS.get(claude_event)
+    if event is None:
+        return None
+    result = refusal(event, why)
+    ctx = _BLANK.get(claude_event)
+    if ctx is None or result is None:
+        return {}
+    return to_claude_code(Call(claude_event, event, ctx), result)
+
+
 def fail_closed(call: Call, reason: str) -> dict[str, Any] | None:
     """The answer when no decision could be reached for a call that gates a tool: deny
     (PreToolUse, PermissionRequest); ``None`` for the other events (nothing to fail closed)."""
@@ -543,9 +588,11 @@ __all__ = [
     "EVENTS",
     "Call",
     "CommandFailed",
+    "event_named",
     "fail_closed",
     "from_command",
     "hook_input",
+    "refused",
     "to_claude_code",
     "to_hookbus",
 ]

@@ -12,7 +12,9 @@ One POST, one request, one decision:
 ``POST /claude-code``
     Claude Code's hook input, for its ``http`` hook type (or through the command bridge,
     ``hookbus-claude-code``), answered in Claude Code's hook output format
-    (``workers/claude_code.py``, docs/integrations.md).
+    (``workers/claude_code.py``, docs/integrations.md). Claude Code runs the tool on any
+    answer but a 2xx, so a tool call's input or output no hook can inspect (too deep, too
+    large, unreadable) is refused with 200, never answered 400 or 413.
 ``GET /healthz``
     200 while Redis answers, else 503.
 
@@ -49,17 +51,19 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus.errors import ConfigError, InvalidInputError, ProtocolError
+from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookEvent
 from bus.protocol import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     DecisionReply,
+    decode_head,
     encode,
     new_id,
     now_ms,
     raw,
 )
+from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
 
 if TYPE_CHECKING:
@@ -69,6 +73,7 @@ if TYPE_CHECKING:
     from bus.coordinator import Coordinator
 
 log = logging.getLogger("hookbus.gateway")
+_failures = RateLimitedLog(log)
 
 DEFAULT_PORT = 8787
 #: How long a ``/claude-code`` call may take, unless ``--timeout-ms`` says otherwise (the
@@ -77,6 +82,7 @@ DEFAULT_TIMEOUT_MS = 30_000
 TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 JSON = "application/json"
+_EVENT_NAMES = frozenset(event.value for event in HookEvent)
 
 
 class HttpDecisionRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,8 +100,11 @@ class HttpDecisionRequest(msgspec.Struct, frozen=True, kw_only=True):
     timeout_ms: int = 30_000
 
 
-class _Id(msgspec.Struct):
+class _Head(msgspec.Struct):
+    """Enough of a request that could not be decoded to answer it."""
+
     id: str = ""
+    event: str = ""
 
 
 # -- tokens ------------------------------------------------------------------------------------
@@ -203,6 +212,7 @@ class Gateway:
             "too_large": 0,
             "timed_out": 0,
             "failed_closed": 0,
+            "refused": 0,
             "no_counterpart": 0,
         }
 
@@ -225,19 +235,23 @@ class Gateway:
 
     async def decisions(self, tenant: str, body: bytes) -> Answer:
         """``POST /v1/decisions``: one ``DecisionRequest``, one ``DecisionReply``."""
-        from workers.coordinator_service import decide, qualify, read_request
+        from workers.coordinator_service import decide, qualify, read_request, refused_reply
 
         self.stats["decisions"] += 1
         try:
             request, ctx = read_request(body, HttpDecisionRequest)
         except InvalidInputError as exc:
+            # Reading the head of a body over the bounds walks all of it (up to ~0.2 s for a
+            # megabyte of small strings): off the event loop, so that other decisions go on.
+            head = await asyncio.to_thread(decode_head, body, _Head) or _Head()
+            if isinstance(exc, LimitError) and head.event in _EVENT_NAMES:
+                # A context no hook could be shown: refused, as by the coordinator service.
+                self.stats["refused"] += 1
+                _failures.warning("refused %s request of tenant %s: %s", head.event, tenant, exc)
+                return _json(200, refused_reply(head.id, HookEvent(head.event), exc))
             self.stats["bad_requests"] += 1
             where = exc.field if isinstance(exc, ProtocolError) else ""
-            try:
-                asked = msgspec.json.decode(body, type=_Id).id
-            except msgspec.DecodeError:
-                asked = ""
-            return self.error_reply(400, str(exc), asked, where)
+            return self.error_reply(400, str(exc), head.id, where)
         if not request.id or not request.ts:
             request = msgspec.structs.replace(
                 request, id=request.id or new_id(), ts=request.ts or now_ms()
@@ -251,23 +265,27 @@ class Gateway:
             return self.error_reply(504, reply.error if reply else error, request.id)
         return _json(200, reply)
 
-    async def claude_code(self, tenant: str, body: bytes) -> Answer:
-        """``POST /claude-code``: Claude Code's hook input, answered in its output format."""
+    async def claude_code(self, tenant: str, body: bytes, *, whole: bool = True) -> Answer:
+        """``POST /claude-code``: Claude Code's hook input, answered in its output format.
+        ``whole`` False: ``body`` is the first part of a body over ``max_body``."""
         from workers.claude_code import fail_closed, to_claude_code, to_hookbus
         from workers.coordinator_service import decide, qualify
 
         self.stats["claude_code"] += 1
+        if not whole:
+            error = LimitError(self.too_large("the hook input"), limit="max_body")
+            return self._unreadable(tenant, body, error, 413)
         try:
             call = to_hookbus(body)
-        except ProtocolError as exc:
-            self.stats["bad_requests"] += 1
-            return _json(400, {"error": str(exc), "field": exc.field})
-        if call is None:  # an event HookBus has no counterpart for: no opinion
-            self.stats["no_counterpart"] += 1
-            return _json(200, {})
-        ctx = qualify(call.ctx, tenant)
+            if call is None:  # an event HookBus has no counterpart for: no opinion
+                self.stats["no_counterpart"] += 1
+                return _json(200, {})
+            ctx = qualify(call.ctx, tenant)
+            context = raw(ctx)
+        except InvalidInputError as exc:
+            return self._unreadable(tenant, body, exc, 400)
         request = HttpDecisionRequest(
-            id=new_id(), ts=now_ms(), event=call.event, context=raw(ctx),
+            id=new_id(), ts=now_ms(), event=call.event, context=context,
             timeout_ms=self.claude_timeout_ms,
         )  # fmt: skip
         reply = await decide(self.coordinator, request, ctx, source=f"tenant:{tenant}")
@@ -282,6 +300,21 @@ class Gateway:
             self.stats["failed_closed"] += 1
             return _json(200, closed)
         return _json(504, {"error": reason})
+
+    def _unreadable(self, tenant: str, body: bytes, exc: InvalidInputError, status: int) -> Answer:
+        """A Claude Code hook input no hook could be shown: too large, too deep, not JSON, not
+        Claude Code's. Claude Code runs the tool on any answer but a 2xx, so the events that
+        gate a tool or carry its output get the refusal with 200 (denied, output withheld), as
+        every agent does (protocol.md 5.6); any other input gets ``status`` (400, 413)."""
+        from workers.claude_code import event_named, refused
+
+        name = event_named(body)
+        if answer := refused(name, str(exc)):
+            self.stats["refused"] += 1
+            _failures.warning("refused %s input of tenant %s: %s", name, tenant, exc)
+            return _json(200, answer)
+        self.stats["bad_requests"] += 1
+        return _json(status, {"error": str(exc), "field": getattr(exc, "field", "")})
 
     async def health(self) -> Answer:
         """``GET /healthz``: 200 while Redis answers (within 1 s), else 503."""
@@ -299,18 +332,18 @@ class Gateway:
 # -- on Starlette ------------------------------------------------------------------------------
 
 
-async def _read(request: Request, limit: int) -> bytes | None:
-    """The request's body, or None once it is longer than ``limit`` bytes (declared or sent)."""
+async def _read(request: Request, limit: int) -> tuple[bytes, bool]:
+    """The request's body and True; or, once it is longer than ``limit`` bytes (declared or
+    sent), what was read of it (at most ``limit`` bytes and a chunk) and False."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
     chunks, size = [], 0
     async for chunk in request.stream():
+        chunks.append(chunk)
         size += len(chunk)
         if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+            break
+    over = size > limit or (declared.isdigit() and int(declared) > limit)
+    return b"".join(chunks), not over
 
 
 def app(gateway: Gateway) -> Starlette:
@@ -328,8 +361,8 @@ def app(gateway: Gateway) -> Starlette:
         tenant = gateway.authorize(request.headers.get("authorization"))
         if tenant is None:
             return respond(gateway.error_reply(401, "a valid bearer token is needed"))
-        body = await _read(request, gateway.max_body)
-        if body is None:
+        body, whole = await _read(request, gateway.max_body)
+        if not whole:
             return respond(gateway.error_reply(413, gateway.too_large("the request")))
         return respond(await gateway.decisions(tenant, body))
 
@@ -337,10 +370,8 @@ def app(gateway: Gateway) -> Starlette:
         tenant = gateway.authorize(request.headers.get("authorization"))
         if tenant is None:
             return respond(_json(401, {"error": "a valid bearer token is needed"}, **UNAUTHORIZED))
-        body = await _read(request, gateway.max_body)
-        if body is None:
-            return respond(_json(413, {"error": gateway.too_large("the hook input")}))
-        return respond(await gateway.claude_code(tenant, body))
+        body, whole = await _read(request, gateway.max_body)
+        return respond(await gateway.claude_code(tenant, body, whole=whole))
 
     async def health(request: Request) -> Response:
         return respond(await gateway.health())
