@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from bus.errors import LimitError
-from bus.events import CONTEXT_TYPES
+from bus.events import CONTEXT_TYPES, session_of
 
 MAX_MESSAGE_BYTES = 1_048_576
 MAX_DEPTH = 128
@@ -187,7 +187,25 @@ def encode_context(ctx: Any) -> bytes:
         len(data) > MAX_CONTEXT_BYTES or openers(data) > MAX_CONTEXT_DEPTH
     ):
         check_context(data, _WHAT[type(ctx)])
+    if 2 * len(data) > MAX_CONTEXT_BYTES:  # only then can the session id outgrow its room
+        _check_session_id(ctx, len(data))
     return data
+
+
+def _check_session_id(ctx: Any, size: int) -> None:
+    """Every message that carries a context names its session once more, outside it
+    (``HookRequest``, ``EventMessage``): a context counts its session id twice, so that a long
+    one cannot push the message over ``MAX_MESSAGE_BYTES`` — and its hooks into failing under
+    their policies — while the context is within ``MAX_CONTEXT_BYTES``."""
+    session = len(_encoder.encode(session_of(ctx)))
+    if size + session > MAX_CONTEXT_BYTES:
+        raise LimitError(
+            f"{_WHAT[type(ctx)]} of {size} bytes and its session id of {session} bytes, which "
+            f"every message carrying it repeats, are over the {MAX_CONTEXT_BYTES}-byte limit "
+            "(MAX_CONTEXT_BYTES)",
+            "$.context",
+            limit="MAX_CONTEXT_BYTES",
+        )
 
 
 def check_answer(action: Any) -> None:

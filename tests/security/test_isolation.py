@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 
 from bus import CONTINUE, Block, HookEvent
-from bus.events import PreToolUseContext, SessionStopContext
+from bus.events import PermissionRequestContext, PreToolUseContext, SessionStopContext
 from bus.protocol import (
     CancelRequest,
     ControlMessage,
@@ -363,3 +364,31 @@ def test_a_tenant_cannot_write_a_line_of_its_own_into_the_coordinators_log(bus: 
     for line in log.splitlines():
         assert not line.startswith(forged), line
         assert not {"\r", "\x1b", "\u2028"} & set(line), repr(line)
+
+
+def test_a_long_session_id_cannot_push_a_hooks_request_over_the_message_limit(bus: Bus) -> None:
+    """A context within ``MAX_CONTEXT_BYTES`` whose session id is 30 kB: every request to a hook
+    repeats the session id outside the context, so it would be over ``MAX_MESSAGE_BYTES``, each
+    hook would fail under its own policy (a PermissionRequest then went on unchecked). The
+    context counts its session id twice: the dispatch is refused, by HookBus, before any hook."""
+    session, pad = "s" * 30_000, "A" * 999_000
+
+    def ask(event: HookEvent, ctx: Any) -> Any:
+        inbox = KEYS.tenant_inbox("acme", new_id())
+        context = msgspec.Raw(msgspec.json.encode(ctx))  # as sent: raw() would refuse it here
+        request = DecisionRequest(id=new_id(), ts=now_ms(), event=event, context=context,
+                                  reply_to=inbox, timeout_ms=15_000)  # fmt: skip
+        reply = bus.acme.send(request, inbox)
+        assert reply is not None and reply["status"] == "ok", reply
+        return reply["result"]
+
+    args = {"command": "rm -rf /", "pad": pad}
+    result = ask(PRE, PreToolUseContext(session_id=session, tool_name="rm", tool_args=args))
+    assert result["action"]["type"] == "Block", result
+    assert [e["hook_name"] for e in result["blocking_errors"]] == ["HookBus"], result
+    assert "its session id of 30007 bytes" in result["action"]["reason"], result  # acme/s…
+    permission = PermissionRequestContext(session_id=session, tool_name="rm", tool_args=args)
+    result = ask(HookEvent.PERMISSION_REQUEST, permission)
+    assert result["action"] == {"type": "Override", "decision": "Deny",
+                                "reason": result["action"]["reason"]}, result  # fmt: skip
+    assert result["overridden_by"] == "HookBus", result
