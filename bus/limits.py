@@ -234,6 +234,30 @@ def _encode(value: Any, what: str, depth: int) -> bytes:
         ) from None
 
 
+#: In JSON text: an escaped backslash, a valid pair of UTF-16 surrogate escapes, or one alone.
+_ESCAPES = re.compile(
+    rb"(\\\\)|(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+
+
+def _lone(match: re.Match[bytes]) -> bytes:
+    return match[0] if match.lastindex else b"\\ufffd"
+
+
+def lone_surrogate(data: bytes) -> bool:
+    """Whether the JSON text ``data`` escapes a UTF-16 surrogate outside a valid pair
+    (``"\\ud800"``): valid JSON syntax that no UTF-8 text can hold, which msgspec refuses with
+    ``DecodeError``. A JavaScript agent's ``JSON.stringify`` writes one for a lone surrogate."""
+    return b"\\u" in data and without_lone_surrogates(data) != data
+
+
+def without_lone_surrogates(data: bytes) -> bytes:
+    """``data`` with every lone surrogate escape made ``\\ufffd`` (U+FFFD), so that the rest
+    of it can be read."""
+    return _ESCAPES.sub(_lone, data)
+
+
 def top_level(data: bytes) -> bytes | None:
     """``data`` (a JSON object) with every value below its top level replaced by ``null``, so
     that its scalar fields (``id``, ``reply_to``, ``event``) can be read from a message that is

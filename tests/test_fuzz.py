@@ -32,8 +32,16 @@ from bus import (
 )
 from bus.errors import LimitError, ProtocolError
 from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
-from bus.limits import MAX_CONTEXT_DEPTH, MAX_DEPTH, check, shape, top_level
-from bus.protocol import DecisionReply, decode, decode_context, decode_head, new_id, now_ms
+from bus.limits import MAX_CONTEXT_DEPTH, MAX_DEPTH, MAX_HEAD_BYTES, check, shape, top_level
+from bus.protocol import (
+    DecisionReply,
+    HookRequest,
+    decode,
+    decode_context,
+    decode_head,
+    new_id,
+    now_ms,
+)
 from bus.schema import MESSAGES
 from bus.settings import BusSettings
 from tests.harness import Processes, wait_for, wait_live, worker_env
@@ -172,6 +180,33 @@ def test_the_head_of_a_message_too_deep_to_decode_is_still_read() -> None:
         assert decode_head(data, Head) == Head(id="r-1", reply_to="p:inbox:a")
         assert top_level(b'{"id":"r","c":' + b"[" * depth) == b'{"id":"r","c":null'
     assert decode_head(b"[" * 100_000, Head) is None
+    # Over MAX_CONTAINERS, shallow: msgspec skips it. A lone surrogate escape (no text can
+    # hold it; msgspec refuses the whole message): read around it. A head field of the wrong
+    # type, or over MAX_HEAD_BYTES: no head.
+    many = b'{"id":"r-2","c":[' + b",".join([b"[]"] * 349_000) + b'],"reply_to":"p:inbox:b"}'
+    assert decode_head(many, Head) == Head(id="r-2", reply_to="p:inbox:b")
+    lone = b'{"id":"r-3","c":"rm \\ud800 \\ud83d\\ude00","reply_to":"p:inbox:\\udc00"}'
+    assert decode_head(lone, Head) == Head(id="r-3", reply_to="p:inbox:\ufffd")
+    assert decode_head(b'{"id":3,"reply_to":"p:inbox:c"}', Head) is None
+    assert decode_head(b'{"id":"r","x":"' + b"a" * MAX_HEAD_BYTES + b'"}', Head) is None
+
+
+def test_a_lone_surrogate_escape_is_refused_as_input_no_hook_can_read() -> None:
+    """Valid JSON syntax no text can hold (a JavaScript agent's ``JSON.stringify`` writes it for
+    a lone surrogate): refused as not encodable, wherever it is, never taken for a typo."""
+    text = json.dumps(VALID_REQUEST).replace('"tool_args": {}', '"tool_args": {"a": "\\ud800"}')
+    assert "\\ud800" in text
+    with pytest.raises(LimitError, match="lone UTF-16 surrogate") as raised:
+        decode(text.encode(), HookRequest)
+    assert raised.value.limit == "encodable"
+    context = b'{"session_id":"s","tool_name":"t","tool_args":{"a":"\\udfff"}}'
+    with pytest.raises(LimitError, match="lone UTF-16 surrogate") as raised:
+        decode_context(HookEvent.PRE_TOOL_USE, context)
+    assert raised.value.field == "$.context"
+    # A valid pair is text, and an escaped backslash before "ud800" is not an escape.
+    paired = b'{"session_id":"s","tool_name":"t","tool_args":{"a":"\\ud83d\\ude00 \\\\ud800"}}'
+    ctx = decode_context(HookEvent.PRE_TOOL_USE, paired)
+    assert ctx.tool_args == {"a": "\U0001f600 \\ud800"}
 
 
 @st.composite

@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import msgspec
 from opentelemetry import context as otel_context
 
-from bus import telemetry
+from bus import limits, telemetry
 from bus.aggregation import refusal
 from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.coordinator import Coordinator, dispatch_source
@@ -32,6 +32,7 @@ from bus.events import HookContext, HookEvent
 from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
     DATA_FIELD,
+    MAX_MESSAGE_BYTES,
     CancelRequest,
     DecisionReply,
     DecisionRequest,
@@ -243,6 +244,7 @@ class CoordinatorService:
         # The service's own round trips at once (replies, dead letters, acknowledgements): a
         # burst of requests, poison ones above all, must not exhaust the connection pool.
         self._io = asyncio.Semaphore(IO_SLOTS)
+        self._walking = asyncio.Semaphore(1)  # heads of requests over the bounds: _head()
         self.ready = asyncio.Event()
         self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
 
@@ -450,6 +452,8 @@ class CoordinatorService:
     async def _answer(self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
         try:
+            if len(data) > MAX_MESSAGE_BYTES or limits.openers(data) > limits.MAX_DEPTH:
+                limits.check(data, "DecisionRequest")  # over a bound: read no further here
             op = decode_head(data, _Op)
             if op is not None and op.op == "cancel":
                 await self._cancel(source, entry_id, decode(data, CancelRequest))
@@ -535,9 +539,7 @@ class CoordinatorService:
         as a refusal — PreToolUse Blocked, PermissionRequest Denied, tool output withheld —
         whatever the hooks' policies, and recorded as a dead letter. A request whose event or
         reply_to cannot be read is rejected as any other malformed one."""
-        # Reading the head of a message over the bounds walks all of it (up to ~0.2 s for a
-        # megabyte of small strings): off the event loop, so that other decisions go on.
-        head = await asyncio.to_thread(decode_head, data, _Head)
+        head = await self._head(data)
         try:
             event = HookEvent(head.event) if head is not None else None
         except ValueError:
@@ -559,6 +561,17 @@ class CoordinatorService:
                 await self._ack(source, entry_id)
             return
         await self._send(source, entry_id, head.reply_to, refused_reply(head.id, event, exc))
+
+    async def _head(self, data: bytes) -> _Head | None:
+        """What is needed to answer a request that cannot be decoded. Within the message bounds
+        msgspec reads it at once, in C; over them it may have to be walked in Python (nested
+        past what msgspec skips: up to ~1 s a megabyte), so it is read in a thread, one such
+        request at a time: a tenant sending many must neither hold up the event loop nor take
+        more than one thread's share of the interpreter from it."""
+        if len(data) <= MAX_MESSAGE_BYTES and limits.openers(data) <= limits.MAX_DEPTH:
+            return decode_head(data, _Head)
+        async with self._walking:
+            return await asyncio.to_thread(decode_head, data, _Head)
 
     async def _reject(
         self,
