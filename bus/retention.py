@@ -369,6 +369,7 @@ async def group_backlogs(redis: Redis, stream: str) -> dict[str, dict[str, Any]]
         needs = (needs[0], needs[1] + 1)
         if g["pending"]:
             summary: Any = await redis.xpending(stream, name)
-            needs = min(needs, _id(summary["min"]))
+            if summary["min"] is not None:  # None: acknowledged since XINFO GROUPS answered
+                needs = min(needs, _id(summary["min"]))
         out[name] = {"lag": g.get("lag"), "pending": int(g["pending"]), "needs": needs}
     return out

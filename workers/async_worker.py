@@ -4,7 +4,9 @@
 (and on its own replay stream, ``{p}:hook:{name}:replay``); its replicas share the group.
 
 * Batches: XREADGROUP COUNT ``batch_size``; each event runs under the async timeout (5 s);
-  every entry handled in a batch is acknowledged in one XACK.
+  every entry handled in a batch is acknowledged in one XACK. A batch hook (``on_batch``,
+  ``on_audit``) gets the whole batch in one call; if that call fails, the batch is halved until
+  the entries it fails on are alone, so one poison entry holds back no other.
 * At least once: an entry is acknowledged only after the hook returned. One that failed stays
   pending; once idle past ``claim_idle_secs`` any live replica claims it (XAUTOCLAIM) and runs
   it again, so a replica killed mid-batch loses nothing.
@@ -355,9 +357,7 @@ class AsyncHookWorker:
         failures: dict[bytes, str] = {}
         if todo:
             if self.hook.handles_batches:
-                batch = [d for _, d in todo]
-                why = await self._traced_batch("on_batch", self.hook.on_batch(batch), batch)
-                failures = {entry_id: why for entry_id, _ in todo} if why else {}
+                failures = await self._call_batch("on_batch", self.hook.on_batch, todo)
             elif telemetry.enabled():  # one span per event
                 reasons = await asyncio.gather(*(self._call_one(d) for _, d in todo))
                 failures = {
@@ -378,18 +378,15 @@ class AsyncHookWorker:
         await self._settle(stream, acks, dead, failures)
 
     async def _process_audit(self, entries: Sequence[Entry]) -> None:
-        """Hand audit records to ``on_audit`` in one call; all acknowledged or all retried."""
+        """Hand audit records to ``on_audit`` in one call (split only if it fails:
+        :meth:`_call_batch`); acknowledge those handled, leave the others to be retried."""
         records, dead, acks = self._decode(
             self.keys.audit, entries, lambda data: decode(data, AuditRecord)
         )
         failures: dict[bytes, str] = {}
         if records:
-            audit = [r for _, r in records]
-            why = await self._traced_batch("on_audit", self.hook.on_audit(audit), audit)
-            if why:
-                failures = {entry_id: why for entry_id, _ in records}
-            else:
-                acks.extend(entry_id for entry_id, _ in records)
+            failures = await self._call_batch("on_audit", self.hook.on_audit, records)
+            acks.extend(entry_id for entry_id, _ in records if entry_id not in failures)
         self.stats["dead_lettered"] += len(dead)
         if dead:
             telemetry.count_dead_letters(self.group, len(dead))
@@ -454,6 +451,31 @@ class AsyncHookWorker:
                 if why:
                     failures[entry_id] = why
         return failures
+
+    async def _call_batch(
+        self, method: str, handle: Callable[[list[Any]], Any], todo: Sequence[tuple[bytes, Any]]
+    ) -> dict[bytes, str]:
+        """Hand ``todo`` (entry id, event or audit record) to ``on_batch`` or ``on_audit`` in one
+        call; failure reasons by entry id.
+
+        If the call fails on more than one entry, the batch is halved and each half handed over
+        again, down to single entries: one entry the hook cannot take (poison) then fails alone,
+        with its own reason, and is retried and dead-lettered alone, while the others are
+        handled now, in about 2·log2(n) calls more. A batch hook should therefore apply a batch
+        whole or not at all (the audit log and metrics hooks do); one that does not may see an
+        event of a failed batch again, as on any retry (at least once). A timeout is not split:
+        it tells no entry from another (a store that is slow or unreachable), and the halves
+        could take up to 2n - 1 timeouts; that batch is retried whole, as before.
+        """
+        items = [item for _, item in todo]
+        why = await self._traced_batch(method, handle(items), items)
+        if not why:
+            return {}
+        if len(todo) == 1 or why.startswith("timed out"):
+            return {entry_id: why for entry_id, _ in todo}
+        half = len(todo) // 2
+        failures = await self._call_batch(method, handle, todo[:half])
+        return failures | await self._call_batch(method, handle, todo[half:])
 
     async def _traced_batch(self, method: str, coro: Any, batch: Sequence[Any]) -> str | None:
         """Run one ``on_batch`` or ``on_audit`` call, in a span of its own when tracing: one

@@ -6,12 +6,19 @@ file (default ``hookbus-audit.db``) or a ``postgresql://`` URL. Rows go to table
 never adds a second row. Batches are written in one transaction and acknowledged after it.
 With ``redact`` (``--set redact=true``, or a list of patterns: workers/redaction.py), secrets
 in the previews and details are replaced with ``[redacted]`` before they are stored.
+
+What PostgreSQL's ``text`` cannot hold is stored escaped, the same in both backends: a NUL
+(any binary tool output holds one) as the six characters ``\\u0000``, a lone surrogate (a
+Python string can hold one, UTF-8 cannot) likewise (``\\ud800``), so that the row is written all
+the same. A literal ``\\u0000`` in the text reads the same afterwards: the audit log is a record
+for people (previews are cut at 200 characters anyway), not a byte-exact copy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -34,12 +41,32 @@ CREATE TABLE IF NOT EXISTS agent_audit_events (
     status TEXT NOT NULL, output_preview TEXT, ts TEXT NOT NULL
 )"""
 POSTGRES_SCHEMA = SQLITE_SCHEMA.replace("TEXT PRIMARY KEY", "TEXT PRIMARY KEY")
+#: Characters a PostgreSQL text column refuses: NUL ("invalid byte sequence for encoding UTF8:
+#: 0x00", for the whole batch) and lone surrogates (asyncpg cannot encode them; nor can sqlite3).
+#: SQLite would store a NUL, but its functions stop at it (``length('a' || char(0) || 'b')`` is
+#: 1): escaped there too, so that both backends hold the same text.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` with each character a text column cannot hold written as its JSON escape
+    (a NUL as ``\\u0000``); any other text unchanged."""
+    return _UNSTORABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _when(ms: int) -> str:
+    """An epoch-ms timestamp in ISO 8601 (UTC); one out of the calendar's range (a publisher
+    sets it) as the bare number, so that the event is still stored."""
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return str(ms)
 
 
 def audit_row(d: DeliveredEvent, redact: Redaction = NO_REDACTION) -> tuple[str, ...]:
     """The audit row of one event."""
     ctx = d.context
-    session = getattr(ctx, "session_id", None) or getattr(ctx, "parent_session_id", "")
+    session: str = getattr(ctx, "session_id", None) or getattr(ctx, "parent_session_id", None) or ""
     tool = getattr(ctx, "tool_name", None) or ""
     if d.event.value == "PostToolUse":
         status, preview = ("FAIL" if ctx.is_error else "OK"), ctx.output_content
@@ -49,15 +76,16 @@ def audit_row(d: DeliveredEvent, redact: Redaction = NO_REDACTION) -> tuple[str,
         status, preview = "SESSION_STOP", ctx.terminal.value
     else:
         status, preview = d.event.value, ""
-    when = dt.datetime.fromtimestamp(d.ts / 1000, dt.UTC).isoformat()
-    return (d.id, d.event.value, session, tool, status, redact(preview)[:PREVIEW_CHARS], when)
+    preview = redact(preview)[:PREVIEW_CHARS]
+    row = (d.id, d.event.value, session, tool, status, preview, _when(d.ts))
+    return tuple(storable(value) for value in row)
 
 
 def audit_record_row(r: AuditRecord, redact: Redaction = NO_REDACTION) -> tuple[str, ...]:
     """The audit row of one audit-trail record: an answer not applied, a break-glass, a tenant
     added or removed, a stream repaired."""
     if r.kind == "breakglass":
-        until = dt.datetime.fromtimestamp(r.until_ms / 1000, dt.UTC).isoformat()
+        until = _when(r.until_ms)
         status, detail = f"BREAKGLASS_{r.mode.upper()}", f"{r.by}: {r.detail} (until {until})"
     elif r.kind in ("tenant", "repair"):  # an operator's change: TENANT_ADD, REPAIR_STREAM…
         status, detail = f"{r.kind.upper()}_{r.mode.upper()}", f"{r.by}: {r.detail}"
@@ -65,9 +93,10 @@ def audit_record_row(r: AuditRecord, redact: Redaction = NO_REDACTION) -> tuple[
         status, detail = r.mode.upper(), f"{r.hook}: {r.detail}"
         if r.breakglass:
             detail += f" [break-glass: {r.breakglass}]"
-    when = dt.datetime.fromtimestamp(r.ts / 1000, dt.UTC).isoformat()
     event = r.event.value if r.event is not None else ""
-    return (r.id, event, r.session_id, r.tool_name, status, redact(detail)[:PREVIEW_CHARS], when)
+    detail = redact(detail)[:PREVIEW_CHARS]
+    row = (r.id, event, r.session_id, r.tool_name, status, detail, _when(r.ts))
+    return tuple(storable(value) for value in row)
 
 
 class AsyncAuditLogHook(AsyncAgentHook):
