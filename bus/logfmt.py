@@ -27,8 +27,9 @@ import re
 
 #: What a log line must not contain as itself: C0 controls (newline, carriage return, escape…),
 #: DEL and C1 controls, zero-width and bidirectional format characters, line/paragraph
-#: separators, the byte-order mark. A traceback keeps its newlines.
-_FORMAT_CHARS = "\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+#: separators, the byte-order mark, the interlinear annotation marks. A traceback keeps its
+#: newlines.
+_FORMAT_CHARS = "\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb"
 _UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT_CHARS}]")
 _UNSAFE_IN_BLOCK = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{_FORMAT_CHARS}]")
 

@@ -20,7 +20,7 @@ import msgspec
 from bus import limits
 from bus.actions import HookAction
 from bus.breakglass import BreakGlass as BreakGlass  # the value of {p}:breakglass
-from bus.errors import LimitError, ProtocolError
+from bus.errors import ProtocolError
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
 from bus.hooks import EnforcementMode, FailurePolicy, HookSpec
 from bus.limits import MAX_CONTEXT_BYTES, MAX_CONTEXT_DEPTH
@@ -248,8 +248,7 @@ def decode(data: bytes | str, kind: type[T]) -> T:
     try:
         message: T = decoder.decode(data)
     except msgspec.DecodeError as exc:
-        if limits.lone_surrogate(data):
-            raise _lone_surrogate(kind.__name__, "") from exc
+        limits.check_text(data, kind.__name__)
         raise _protocol_error(kind.__name__, exc) from exc
     except Exception as exc:  # RecursionError, MemoryError, …: still the protocol's error
         raise ProtocolError(f"malformed {kind.__name__}: {type(exc).__name__}: {exc}") from exc
@@ -260,16 +259,6 @@ def decode(data: bytes | str, kind: type[T]) -> T:
             "$.v",
         )
     return message
-
-
-def _lone_surrogate(what: str, field: str) -> LimitError:
-    """JSON text no hook can be shown as text: refused as input that cannot be encoded (5.6)."""
-    return LimitError(
-        f"{what} cannot be read as text: it escapes a lone UTF-16 surrogate (\\ud800-\\udfff "
-        "without its pair)",
-        field,
-        limit="encodable",
-    )
 
 
 def _protocol_error(what: str, exc: msgspec.DecodeError) -> ProtocolError:
@@ -291,8 +280,7 @@ def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
     try:
         ctx: HookContext = decoder.decode(data)
     except msgspec.DecodeError as exc:
-        if limits.lone_surrogate(data):
-            raise _lone_surrogate(f"{event.value} context", "$.context") from exc
+        limits.check_text(data, f"{event.value} context", "$.context")
         text = str(exc).replace("`$", "`$.context", 1)
         match = _PATH.search(text)
         raise ProtocolError(
@@ -353,8 +341,8 @@ def decode_head(data: bytes, kind: type[T]) -> T | None:
     cannot be read. Never raises, never recurses deeply.
 
     msgspec reads them first, skipping in C whatever ``kind`` does not name (a few ms for a
-    megabyte of a million containers), with lone surrogate escapes, which it refuses, made
-    U+FFFD. Only a message nested past what it skips (about 1 000 levels) is walked in Python
+    megabyte of a million containers), with surrogate escapes made U+FFFD when it refuses a
+    lone one. Only a message nested past what it skips (about 1 000 levels) is walked in Python
     (``limits.top_level``: about 0.3 µs a token, up to 1 s for the worst megabyte): callers on an
     event loop run this in a thread when the message is over a bound."""
     if len(data) > limits.MAX_HEAD_BYTES:
@@ -373,7 +361,7 @@ def decode_head(data: bytes, kind: type[T]) -> T | None:
         except msgspec.DecodeError:
             if attempt or not limits.lone_surrogate(data):
                 return None
-            data = limits.without_lone_surrogates(data)
+            data = limits.without_surrogates(data)
     pruned = limits.top_level(data)
     if pruned is None:
         return None

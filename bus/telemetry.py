@@ -747,6 +747,11 @@ def _w3c(trace_id: int, span_id: int, flags: int, state: TraceState | None) -> t
     return f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}", state.to_header() if state else ""
 
 
+#: The longest ``tracestate`` a remote parent's span context keeps (W3C Trace Context: a vendor
+#: may drop one longer than 512 characters).
+MAX_TRACESTATE = 512
+
+
 def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
     """The remote span context of a W3C ``traceparent`` (None if it is not a valid one)."""
     parts = traceparent.split("-")
@@ -766,7 +771,11 @@ def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
         return None
     if not trace_id or not span_id:
         return None
-    state = TraceState.from_header([tracestate]) if tracestate else None
+    # A longer tracestate is dropped, as W3C Trace Context lets a vendor do past 512 characters:
+    # every message of the dispatch repeats it outside the context, escaped for JSON (up to
+    # twice as long), and a sender's 16 kB one would push a hook's request over
+    # MAX_MESSAGE_BYTES, failing every hook under its own policy.
+    state = TraceState.from_header([tracestate]) if 0 < len(tracestate) <= MAX_TRACESTATE else None
     return SpanContext(trace_id, span_id, True, TraceFlags(bits), state)
 
 

@@ -32,7 +32,16 @@ from bus import (
 )
 from bus.errors import LimitError, ProtocolError
 from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
-from bus.limits import MAX_CONTEXT_DEPTH, MAX_DEPTH, MAX_HEAD_BYTES, check, shape, top_level
+from bus.limits import (
+    MAX_CONTEXT_DEPTH,
+    MAX_DEPTH,
+    MAX_HEAD_BYTES,
+    check,
+    lone_surrogate,
+    shape,
+    top_level,
+    without_surrogates,
+)
 from bus.protocol import (
     DecisionReply,
     HookRequest,
@@ -205,6 +214,13 @@ def test_a_lone_surrogate_escape_is_refused_as_input_no_hook_can_read() -> None:
     assert raised.value.field == "$.context"
     # A valid pair is text, and an escaped backslash before "ud800" is not an escape.
     paired = b'{"session_id":"s","tool_name":"t","tool_args":{"a":"\\ud83d\\ude00 \\\\ud800"}}'
+    # Runs of escaped backslashes: an odd run escapes the "u" after it, an even one does not.
+    for run, lone in ((500_000, False), (500_001, True)):
+        text = b'{"a":"' + b"\\" * run + b'ud800"}'
+        assert lone_surrogate(text) is lone
+        assert msgspec.json.decode(without_surrogates(text)) == {
+            "a": "\\" * (run // 2) + ("\ufffd" if lone else "ud800")
+        }
     ctx = decode_context(HookEvent.PRE_TOOL_USE, paired)
     assert ctx.tool_args == {"a": "\U0001f600 \\ud800"}
 

@@ -339,7 +339,9 @@ def test_input_no_hook_can_inspect_is_refused_with_200_never_left_to_claude_code
     permission = {**INPUTS["PermissionRequest"], "tool_input": {"d": nested(70)}}
     status, out, _ = gateway.post("/claude-code", permission)
     assert status == 200 and out["hookSpecificOutput"]["decision"]["behavior"] == "deny", out
-    output = {**INPUTS["PostToolUse"], "tool_response": {"stdout": "A" * 1_040_000}}
+    # The LLM's tool_input names a tool-gating event: the answer is still PostToolUse's.
+    output = {**INPUTS["PostToolUse"], "tool_input": {"hook_event_name": "PreToolUse"},
+              "tool_response": {"stdout": "A" * 1_040_000}}  # fmt: skip
     status, out, _ = gateway.post("/claude-code", output)
     assert status == 200 and out["decision"] == "block", out
     assert out["hookSpecificOutput"]["updatedToolOutput"].startswith("[output withheld by HookBus")

@@ -35,6 +35,7 @@ def test_what_a_record_quotes_stays_on_its_line_escaped() -> None:
     )
     assert one_line("plain text, tabs\tand ünïcödé") == "plain text, tabs\\tand ünïcödé"
     assert one_line("nothing to escape: ü €") == "nothing to escape: ü €"
+    assert one_line("\u061c\ufff9\x0b\x0c\x85") == "\\u061c\\ufff9\\x0b\\x0c\\x85"
 
 
 def test_a_traceback_keeps_its_lines_but_none_can_pass_for_a_record() -> None:

@@ -107,6 +107,28 @@ def test_a_valid_traceparent_is_read_whole() -> None:
     assert trace.get_current_span(future).get_span_context().span_id == int("cd" * 8, 16)
 
 
+def test_a_sender_s_long_tracestate_is_dropped_not_carried_into_every_message() -> None:
+    """A tenant's tracestate of 32 entries of 256 quotes (16 kB, 24 kB as JSON) was carried into
+    every hook's request, which then went over MAX_MESSAGE_BYTES with a context near its bound:
+    every hook failed under its own policy. Past 512 characters it is dropped (W3C allows it);
+    the trace itself continues."""
+    from opentelemetry import trace
+
+    from bus.telemetry import MAX_TRACESTATE
+
+    parent = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    long = ",".join(f"k{i}=" + '"' * 256 for i in range(32))
+    sc = trace.get_current_span(context_from(parent, long)).get_span_context()
+    assert sc.is_valid and sc.trace_id == int("ab" * 16, 16)
+    assert not sc.trace_state
+    fits = f"a={'v' * 250},b={'w' * 250}"  # 505 characters; a value has at most 256
+    assert len(fits) <= MAX_TRACESTATE
+    sc = trace.get_current_span(context_from(parent, fits)).get_span_context()
+    assert (sc.trace_state.get("a"), sc.trace_state.get("b")) == ("v" * 250, "w" * 250)
+    sc = trace.get_current_span(context_from(parent, fits + ",c=x" * 3)).get_span_context()
+    assert not sc.trace_state
+
+
 def test_spans_reach_a_receiver_with_their_parents_from_one_process_to_the_next() -> None:
     with OTLPReceiver() as receiver:
         [made, final] = scenario("traces", 20, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,

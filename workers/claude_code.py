@@ -66,6 +66,7 @@ from bus.events import (
     SubagentStartContext,
     SubagentStopContext,
 )
+from bus.protocol import decode_head
 from workers.cancellation import RedisCancellationHook
 
 log = logging.getLogger("hookbus.claude_code")
@@ -379,11 +380,9 @@ def _permission_request(call: Call, result: PermissionRequestResult) -> dict[str
     return out  # Continue, or Override(Ask): Claude Code shows its dialog
 
 
-#: Each ``"hook_event_name": "NAME"`` of a body, read as bytes. Inside a JSON string a quote is
+#: A ``"hook_event_name": "NAME"`` in a body, read as bytes. Inside a JSON string a quote is
 #: escaped (``\\"``), so this finds keys only, however the body is malformed.
 _EVENT_NAME = re.compile(rb'"hook_event_name"\s*:\s*"([A-Za-z]{1,40})"')
-#: The events whose unreadable input must be refused, most restrictive first.
-_REFUSED_FIRST = ("PreToolUse", "PermissionRequest", "PostToolUse", "PostToolUseFailure")
 #: What each refused event's answer is built on (the refusal reads only the context's kind).
 _BLANK: dict[str, HookContext] = {
     "PreToolUse": PreToolUseContext(session_id="", tool_name=""),
@@ -394,16 +393,17 @@ _BLANK: dict[str, HookContext] = {
 
 
 def event_named(body: bytes) -> str:
-    """The Claude Code event a hook input that could not be read is for, found without a JSON
-    parser: the body may be too large, too deep, cut short or not UTF-8. Where it names more
-    than one (Claude Code writes ``hook_event_name`` before ``tool_input``, but the LLM writes
-    ``tool_input``), the most restrictive: a tool-gating event before a tool's output before
-    the rest. ``""`` when it names none."""
-    names = {m.group(1).decode() for m in _EVENT_NAME.finditer(body)}
-    for name in _REFUSED_FIRST:
-        if name in names:
-            return name
-    return min(names, default="")
+    """The Claude Code event a hook input that could not be read is for: its top-level
+    ``hook_event_name`` (msgspec skips the rest, however large, deep or undecodable as text;
+    nested past ~1 000 levels it is walked, up to ~1 s a megabyte: call it off the event loop).
+    A body cut short or not JSON: the first such key, found without a parser (Claude Code
+    writes it before ``tool_input`` and ``tool_response``, which the LLM writes and which may
+    name another event). ``""`` when there is none."""
+    head = decode_head(body, _Head)
+    if head is not None:
+        return head.hook_event_name
+    match = _EVENT_NAME.search(body)
+    return match.group(1).decode() if match else ""
 
 
 def refused(claude_event: str, why: str) -> dict[str, Any] | None:

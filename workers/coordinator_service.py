@@ -454,6 +454,7 @@ class CoordinatorService:
         try:
             if len(data) > MAX_MESSAGE_BYTES or limits.openers(data) > limits.MAX_DEPTH:
                 limits.check(data, "DecisionRequest")  # over a bound: read no further here
+            limits.check_text(data, "DecisionRequest")  # else decoding finds it, three times
             op = decode_head(data, _Op)
             if op is not None and op.op == "cancel":
                 await self._cancel(source, entry_id, decode(data, CancelRequest))
@@ -568,7 +569,11 @@ class CoordinatorService:
         past what msgspec skips: up to ~1 s a megabyte), so it is read in a thread, one such
         request at a time: a tenant sending many must neither hold up the event loop nor take
         more than one thread's share of the interpreter from it."""
-        if len(data) <= MAX_MESSAGE_BYTES and limits.openers(data) <= limits.MAX_DEPTH:
+        if (
+            len(data) <= MAX_MESSAGE_BYTES
+            and limits.openers(data) <= limits.MAX_DEPTH
+            and not limits.has_surrogate_escape(data)  # read around: ~0.1 s for a megabyte
+        ):
             return decode_head(data, _Head)
         async with self._walking:
             return await asyncio.to_thread(decode_head, data, _Head)

@@ -274,7 +274,7 @@ class Gateway:
         self.stats["claude_code"] += 1
         if not whole:
             error = LimitError(self.too_large("the hook input"), limit="max_body")
-            return self._unreadable(tenant, body, error, 413)
+            return await self._unreadable(tenant, body, error, 413)
         try:
             call = to_hookbus(body)
             if call is None:  # an event HookBus has no counterpart for: no opinion
@@ -283,7 +283,7 @@ class Gateway:
             ctx = qualify(call.ctx, tenant)
             context = raw(ctx)
         except InvalidInputError as exc:
-            return self._unreadable(tenant, body, exc, 400)
+            return await self._unreadable(tenant, body, exc, 400)
         request = HttpDecisionRequest(
             id=new_id(), ts=now_ms(), event=call.event, context=context,
             timeout_ms=self.claude_timeout_ms,
@@ -301,14 +301,16 @@ class Gateway:
             return _json(200, closed)
         return _json(504, {"error": reason})
 
-    def _unreadable(self, tenant: str, body: bytes, exc: InvalidInputError, status: int) -> Answer:
+    async def _unreadable(
+        self, tenant: str, body: bytes, exc: InvalidInputError, status: int
+    ) -> Answer:
         """A Claude Code hook input no hook could be shown: too large, too deep, not JSON, not
         Claude Code's. Claude Code runs the tool on any answer but a 2xx, so the events that
         gate a tool or carry its output get the refusal with 200 (denied, output withheld), as
         every agent does (protocol.md 5.6); any other input gets ``status`` (400, 413)."""
         from workers.claude_code import event_named, refused
 
-        name = event_named(body)
+        name = await asyncio.to_thread(event_named, body)  # may walk a deep body: off the loop
         if answer := refused(name, str(exc)):
             self.stats["refused"] += 1
             _failures.warning("refused %s input of tenant %s: %s", name, tenant, exc)
