@@ -83,9 +83,15 @@ def test_no_answer_blocks_tool_calls_and_only_warns_otherwise(
             assert said in proc.stderr, (name, proc.stderr)
             if status == 2:
                 assert "blocked, since nothing could inspect it" in proc.stderr
-    # Input that is not Claude Code's: the gateway's 400, and the call is blocked.
+    # A tool call's input that is not Claude Code's: the gateway's denial, printed as it came.
     proc = run_bridge('{"hook_event_name": "PreToolUse"}', url, gateway.token)
-    assert proc.returncode == 2 and "answered 400" in proc.stderr, proc
+    assert proc.returncode == 0, proc
+    decision = json.loads(proc.stdout)["hookSpecificOutput"]
+    assert decision["permissionDecision"] == "deny", proc
+    assert "missing required field `session_id`" in decision["permissionDecisionReason"], proc
+    # Any other event's: the gateway's 400, a non-blocking error.
+    proc = run_bridge('{"hook_event_name": "Stop"}', url, gateway.token)
+    assert proc.returncode == 1 and "answered 400" in proc.stderr, proc
 
 
 def test_the_bridge_imports_nothing_heavy() -> None:
