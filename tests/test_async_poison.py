@@ -227,22 +227,28 @@ def tool_call(elapsed_ms: float, error: bool = False) -> DeliveredEvent:
     return DeliveredEvent(new_id(), HookEvent.POST_TOOL_USE, now_ms(), ctx)
 
 
-async def test_metrics_leave_out_latencies_that_are_not_latencies_and_count_them(
-    bus_settings: BusSettings,
-) -> None:
-    hook = AsyncMetricsHook(bus_settings)
-    redis = Redis.from_url(bus_settings.redis_url)
+@contextlib.asynccontextmanager
+async def metrics_of(settings: BusSettings) -> AsyncIterator[tuple[AsyncMetricsHook, Any, str]]:
+    """The metrics hook, a client of its Redis (single node or cluster) and its hash's key."""
+    hook, redis = AsyncMetricsHook(settings), connect(settings)
     try:
-        odd = [math.inf, -math.inf, math.nan, -1.0, 1e308, BIG, BIG, 8 * 24 * 3600 * 1000.0]
-        await hook.on_batch([tool_call(x) for x in [12.0, 0.0, 7.5, *odd]])
-        await hook.on_batch([tool_call(BIG), tool_call(0.5, error=True)])
-        figures = await redis.hgetall(Keys(bus_settings.prefix).metrics("AsyncMetricsHook"))
-        assert figures[b"tool_calls"] == b"13" and figures[b"tool_errors"] == b"1"
-        assert figures[b"tool_latency_rejected"] == b"9"
-        assert float(figures[b"tool_latency_ms_total"]) == 20.0
+        yield hook, redis, Keys(settings.prefix).metrics("AsyncMetricsHook")
     finally:
         await hook.close()
         await redis.aclose()
+
+
+async def test_metrics_leave_out_latencies_that_are_not_latencies_and_count_them(
+    bus_settings: BusSettings,
+) -> None:
+    async with metrics_of(bus_settings) as (hook, redis, key):
+        odd = [math.inf, -math.inf, math.nan, -1.0, 1e308, BIG, BIG, 8 * 24 * 3600 * 1000.0]
+        await hook.on_batch([tool_call(x) for x in [12.0, 0.0, 7.5, *odd]])
+        await hook.on_batch([tool_call(BIG), tool_call(0.5, error=True)])
+        figures = await redis.hgetall(key)
+        assert figures[b"tool_calls"] == b"13" and figures[b"tool_errors"] == b"1"
+        assert figures[b"tool_latency_rejected"] == b"9"
+        assert float(figures[b"tool_latency_ms_total"]) == 20.0
 
 
 @pytest.mark.parametrize("broken", ["tool_latency_ms_total", "tool_errors"])
@@ -254,10 +260,7 @@ async def test_a_metrics_batch_is_counted_whole_or_not_at_all(
     anything of it is counted, so the retry counts it once; the old pipeline had added the
     other figures at every try. On one node and on a Redis Cluster (the script's one key)."""
     settings: BusSettings = request.getfixturevalue(redis_of)
-    key = Keys(settings.prefix).metrics("AsyncMetricsHook")
-    hook = AsyncMetricsHook(settings)
-    redis: Any = connect(settings)
-    try:
+    async with metrics_of(settings) as (hook, redis, key):
         batch = [tool_call(10.0), tool_call(5.0, error=True)]
         await hook.on_batch(batch)
         before = await redis.hgetall(key)
@@ -272,9 +275,6 @@ async def test_a_metrics_batch_is_counted_whole_or_not_at_all(
         assert figures[b"tool_calls"] == b"4" and figures[b"tool_errors"] == b"2"
         assert figures[b"events.PostToolUse"] == b"4"
         assert float(figures[b"tool_latency_ms_total"]) == 30.0
-    finally:
-        await hook.close()
-        await redis.aclose()
 
 
 async def test_audit_stores_what_a_text_column_refuses_escaped_alike_in_both_backends(
