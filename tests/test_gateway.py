@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,19 @@ def start_gateway(
     return Running(port, token, tokens, proc)
 
 
+def published_once(
+    settings: BusSettings, done: Callable[[list[EventMessage]], bool], what: str
+) -> list[EventMessage]:
+    """The events published so far, once ``done`` holds of them: a coordinator publishes a
+    dispatch's event after it answers, so it may not be there the moment the answer is."""
+
+    def ready() -> list[EventMessage] | None:
+        found = events_of(settings)
+        return found if done(found) else None
+
+    return list(until(ready, what))
+
+
 def events_of(settings: BusSettings) -> list[EventMessage]:
     with Redis.from_url(settings.redis_url) as redis:
         entries = redis.xrange(Keys(settings.prefix).event_partitions[0])
@@ -150,7 +164,10 @@ def test_secret_guard_denies_claude_code_reading_env_over_http(
 
     # The dispatch was published like any other: its session inside the tenant's namespace,
     # its source the token's tenant.
-    ours = [m for m in events_of(bus_settings) if m.session_id == "laptop/cc-http-1"]
+    events = published_once(
+        bus_settings, lambda es: any(m.session_id == "laptop/cc-http-1" for m in es), "the event"
+    )
+    ours = [m for m in events if m.session_id == "laptop/cc-http-1"]
     assert [(m.event, m.source) for m in ours] == [(HookEvent.PRE_TOOL_USE, "tenant:laptop")]
 
 
@@ -176,7 +193,10 @@ def test_every_mapped_event_is_answered_in_claude_codes_format(
     for name in ("SessionStart", "SessionEnd", "Stop", "SubagentStart", "SubagentStop",
                  "PreCompact", "PostCompact", "PermissionDenied"):  # fmt: skip
         assert answers[name] == {}, name
-    published = {m.event for m in events_of(bus_settings) if m.source == "tenant:laptop"}
+    events = published_once(
+        bus_settings, lambda es: len({m.event for m in es}) == len(HookEvent), "12 kinds"
+    )
+    published = {m.event for m in events if m.source == "tenant:laptop"}
     assert published == set(HookEvent)  # all 12, each from its Claude Code counterpart
 
 
@@ -354,7 +374,10 @@ def test_input_no_hook_can_inspect_is_refused_with_200_never_left_to_claude_code
     assert reply["result"]["action"]["type"] == "Block", reply
     assert reply["result"]["blocking_errors"][0]["hook_name"] == "HookBus", reply
     assert get(gateway.port, "/healthz")[1]["stats"]["refused"] == len(attacks) + 3
-    published = [m.event for m in events_of(bus_settings)]
+    events = published_once(
+        bus_settings, lambda es: any(m.event is HookEvent.PRE_TOOL_USE for m in es), "the event"
+    )
+    published = [m.event for m in events]
     assert published.count(HookEvent.PRE_TOOL_USE) == 1  # the readable one only
     assert (
         HookEvent.POST_TOOL_USE not in published and HookEvent.PERMISSION_REQUEST not in published
@@ -375,8 +398,10 @@ def test_the_tenant_comes_from_the_token_never_the_body(
     assert status == 200, reply
     claude = {**pre_tool_use("Bash", {"command": "ls"}, "s-forged"), "source": "tenant:acme"}
     assert gateway.post("/claude-code", claude, mallory, **{"X-Tenant": "acme"})[0] == 200
-    seen = [(m.session_id, m.source) for m in events_of(bus_settings)]
-    assert seen == [("mallory/s-forged", "tenant:mallory")] * 2
+    events = published_once(bus_settings, lambda es: len(es) >= 2, "2 events")
+    assert [(m.session_id, m.source) for m in events] == [
+        ("mallory/s-forged", "tenant:mallory")
+    ] * 2
 
 
 def test_health_follows_redis(procs: Processes, tmp_path: Path) -> None:
@@ -518,5 +543,10 @@ def test_a_token_reaches_only_its_own_tenants_sessions(
     # The victim's session is still cancelled; Mallory only ended sessions of her own.
     status, out, _ = gateway.post("/claude-code", bash)
     assert (status, out["continue"]) == (200, False), out
-    ended = {m.session_id for m in events_of(bus_settings) if m.event == HookEvent.ON_SESSION_STOP}
+    stops = published_once(
+        bus_settings,
+        lambda es: sum(m.event == HookEvent.ON_SESSION_STOP for m in es) >= 6,  # 2 of each
+        "6 session stops",
+    )
+    ended = {m.session_id for m in stops if m.event == HookEvent.ON_SESSION_STOP}
     assert ended == {"mallory/victim", "mallory/team-b/victim", "mallory/../team-b/victim"}
