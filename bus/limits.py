@@ -245,7 +245,7 @@ def lone_surrogate(data: bytes) -> bool:
     ``DecodeError``. A JavaScript agent's ``JSON.stringify`` writes one for a lone surrogate.
     Each step runs in C, with no Python call per match: a megabyte of escapes costs
     milliseconds (a regex callback per escaped backslash cost 0.4 s)."""
-    if _SURROGATE.search(data) is None:
+    if not has_surrogate_escape(data):
         return False
     text = data.replace(b"\\\\", b"")  # an escaped backslash: what follows it is not an escape
     return _SURROGATE.search(_PAIR.sub(b"", text)) is not None

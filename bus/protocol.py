@@ -224,6 +224,16 @@ class ControlMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder(kind: type) -> msgspec.json.Decoder[Any]:
+    """One Decoder per type: msgspec.json.decode(type=) looks the type up at every call."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    return decoder
+
+
 _PATH = re.compile(r" - at `([^`]*)`$")
 
 
@@ -242,11 +252,8 @@ def decode(data: bytes | str, kind: type[T]) -> T:
         data = data.encode("utf-8", "surrogatepass")
     if len(data) > MAX_MESSAGE_BYTES or limits.openers(data) > limits.MAX_DEPTH:
         limits.check(data, kind.__name__)  # (its fast path inlined above: the usual case)
-    decoder = _decoders.get(kind)
-    if decoder is None:
-        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
     try:
-        message: T = decoder.decode(data)
+        message: T = _decoder(kind).decode(data)
     except msgspec.DecodeError as exc:
         limits.check_text(data, kind.__name__)
         raise _protocol_error(kind.__name__, exc) from exc
@@ -274,11 +281,8 @@ def decode_context(event: HookEvent, raw: msgspec.Raw | bytes) -> HookContext:
     kind = CONTEXT_TYPES[event]
     data = bytes(raw)
     limits.check_context(data, f"{event.value} context")
-    decoder = _decoders.get(kind)
-    if decoder is None:  # one Decoder per type: msgspec.json.decode(type=) looks it up per call
-        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
     try:
-        ctx: HookContext = decoder.decode(data)
+        ctx: HookContext = _decoder(kind).decode(data)
     except msgspec.DecodeError as exc:
         limits.check_text(data, f"{event.value} context", "$.context")
         text = str(exc).replace("`$", "`$.context", 1)
@@ -347,21 +351,19 @@ def decode_head(data: bytes, kind: type[T]) -> T | None:
     event loop run this in a thread when the message is over a bound."""
     if len(data) > limits.MAX_HEAD_BYTES:
         return None
-    decoder = _decoders.get(kind)
-    if decoder is None:
-        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
-    for attempt in range(2):
-        try:
-            head: T = decoder.decode(data)
-            return head
-        except RecursionError:
-            break
-        except msgspec.ValidationError:  # a field of the wrong type: no head to answer with
+    decoder = _decoder(kind)
+    try:
+        head: T = decoder.decode(data)
+        return head
+    except RecursionError:  # nested past what msgspec skips: walked below
+        pass
+    except msgspec.ValidationError:  # a field of the wrong type: no head to answer with
+        return None
+    except msgspec.DecodeError:
+        if not limits.lone_surrogate(data):
             return None
-        except msgspec.DecodeError:
-            if attempt or not limits.lone_surrogate(data):
-                return None
-            data = limits.without_surrogates(data)
+        # Once: no surrogate escape is left to refuse.
+        return decode_head(limits.without_surrogates(data), kind)
     pruned = limits.top_level(data)
     if pruned is None:
         return None

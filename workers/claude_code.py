@@ -68,6 +68,7 @@ from bus.events import (
 )
 from bus.protocol import decode_head
 from workers.cancellation import RedisCancellationHook
+from workers.claude_code_bridge import event_name
 
 log = logging.getLogger("hookbus.claude_code")
 
@@ -380,9 +381,6 @@ def _permission_request(call: Call, result: PermissionRequestResult) -> dict[str
     return out  # Continue, or Override(Ask): Claude Code shows its dialog
 
 
-#: A ``"hook_event_name": "NAME"`` in a body, read as bytes. Inside a JSON string a quote is
-#: escaped (``\\"``), so this finds keys only, however the body is malformed.
-_EVENT_NAME = re.compile(rb'"hook_event_name"\s*:\s*"([A-Za-z]{1,40})"')
 #: What each refused event's answer is built on (the refusal reads only the context's kind).
 _BLANK: dict[str, HookContext] = {
     "PreToolUse": PreToolUseContext(session_id="", tool_name=""),
@@ -400,10 +398,7 @@ def event_named(body: bytes) -> str:
     writes it before ``tool_input`` and ``tool_response``, which the LLM writes and which may
     name another event). ``""`` when there is none."""
     head = decode_head(body, _Head)
-    if head is not None:
-        return head.hook_event_name
-    match = _EVENT_NAME.search(body)
-    return match.group(1).decode() if match else ""
+    return head.hook_event_name if head is not None else event_name(body)
 
 
 def refused(claude_event: str, why: str) -> dict[str, Any] | None:

@@ -452,8 +452,7 @@ class CoordinatorService:
     async def _answer(self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         data = (fields or {}).get(DATA_FIELD.encode(), b"")
         try:
-            if len(data) > MAX_MESSAGE_BYTES or limits.openers(data) > limits.MAX_DEPTH:
-                limits.check(data, "DecisionRequest")  # over a bound: read no further here
+            limits.check(data, "DecisionRequest")  # over a bound: read no further here
             limits.check_text(data, "DecisionRequest")  # else decoding finds it, three times
             op = decode_head(data, _Op)
             if op is not None and op.op == "cancel":
