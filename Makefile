@@ -1,23 +1,45 @@
 # Everything starts from a fresh clone: the first target that needs the virtualenv creates it.
+# Every package comes from a lock file with hashes (requirements/*.txt, made by `make lock`):
+# an unpinned install took whatever was released that day, and a new release broke `make test`
+# on a fresh clone. `make demo` installs only the runtime (requirements/runtime.txt);
+# `make test` adds the development tools (requirements/dev.txt, a superset pinned alike).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+sum     = $(shell cat pyproject.toml $(1) | cksum | cut -d' ' -f1)
+RUNTIME = $(VENV)/.runtime-$(call sum,requirements/runtime.txt)
+DEV     = $(VENV)/.dev-$(call sum,requirements/dev.txt)
+PIP     = $(BIN)/python -m pip install --quiet --no-deps --require-hashes
 
-.PHONY: demo test lint bench clean redis-check
+.PHONY: demo test lint bench clean redis-check lock
 
-$(STAMP): pyproject.toml
-	@echo "==> creating $(VENV) and installing hookbus with its dev tools"
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@rm -f $(VENV)/.installed-*
-	@touch $(STAMP)
+$(RUNTIME): pyproject.toml requirements/runtime.txt
+	@echo "==> creating $(VENV) and installing hookbus's runtime from requirements/runtime.txt"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -r requirements/runtime.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@rm -f $(VENV)/.runtime-*
+	@touch $@
 
-demo: $(STAMP)
+$(DEV): $(RUNTIME) requirements/dev.txt
+	@echo "==> installing the development tools from requirements/dev.txt"
+	$(PIP) -r requirements/dev.txt
+	@rm -f $(VENV)/.dev-*
+	@touch $@
+
+# Regenerate both lock files from pyproject.toml with uv (pinned here, in a virtualenv of its own).
+lock:
+	@test -x .lock-tools/bin/uv || { $(PYTHON) -m venv .lock-tools && .lock-tools/bin/pip install --quiet 'uv==0.13.9'; }
+	.lock-tools/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header -o requirements/dev.txt
+	.lock-tools/bin/uv pip compile pyproject.toml --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header \
+	  -c requirements/dev.txt -o requirements/runtime.txt
+
+demo: $(RUNTIME)
 	$(BIN)/hookbus demo
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(BIN)/ruff check bus workers agent_adapter tests bench
 	$(BIN)/ruff format --check bus workers agent_adapter tests bench
 	$(BIN)/mypy bus
@@ -29,7 +51,7 @@ test: lint redis-check node-deps
 # (workers/acl.py; tests/test_deploy.py checks it is up to date).
 STACK_HOOKS = workers.cancellation:RedisCancellationHook,workers.demo_hooks:SecretGuard,workers.audit:AsyncAuditLogHook,workers.metrics:AsyncMetricsHook
 .PHONY: acl
-acl: $(STAMP)
+acl: $(DEV)
 	$(BIN)/hookbus acl --hooks $(STACK_HOOKS) --tenants demo -o deploy/redis/users.acl
 
 # Tests that claim Redis behaviour need a real server: say so plainly instead of a traceback.
@@ -54,8 +76,8 @@ examples/claude-code/node_modules/.package-lock.json: examples/claude-code/packa
 	npm ci --prefix examples/claude-code --omit=optional --no-audit --no-fund
 	@touch $@
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .lock-tools .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -609,7 +609,7 @@ class Coordinator(EventRunner):
                 log.debug("control channel lost (%s); resubscribing", exc)
                 await asyncio.sleep(0.2)
             finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()
 
 
 class _Missing:
