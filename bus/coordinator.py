@@ -21,21 +21,35 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
 
 import msgspec
 from redis.exceptions import RedisError
 
-from bus import breakglass, telemetry
-from bus.actions import ShadowedAnswer
-from bus.aggregation import Outcome
+from bus import breakglass, telemetry, unread
+from bus.actions import (
+    PermissionRequestResult,
+    PostToolUseResult,
+    PreToolUseResult,
+    ShadowedAnswer,
+)
+from bus.aggregation import Outcome, refusal
 from bus.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.directory import HookDirectory
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
-from bus.events import HookContext, HookEvent, session_of, tool_of
+from bus.events import (
+    HookContext,
+    HookEvent,
+    PermissionRequestContext,
+    PostToolUseContext,
+    PostToolUseFailureContext,
+    PreToolUseContext,
+    session_of,
+    tool_of,
+)
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.keys import Keys, session_digest
 from bus.protocol import (
@@ -54,7 +68,7 @@ from bus.redis_io import close as close_client
 from bus.redis_io import connect, dead_letter, held_connection, pipelined, xadd_batch
 from bus.registry import local_target
 from bus.retention import hard_cap
-from bus.runner import EventRunner, inspected
+from bus.runner import EventRunner, check_context, inspected
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 
@@ -133,17 +147,37 @@ class Coordinator(EventRunner):
         self._tasks: list[asyncio.Task[Any]] = []
         self._wake = asyncio.Event()
         self._closed = False
+        #: Why the hook directory has not been read yet (bus/unread.py), while it has not.
+        self.unread_why = "the coordinator has not started"
         telemetry.instrument(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> Coordinator:
-        """Read the hook directory and start the inbox reader and the refresher."""
+        """Read the hook directory and start the inbox reader and the refresher.
+
+        If Redis does not answer, the refresher keeps trying; until the directory has been
+        read, tool calls fail closed (bus/unread.py) unless the operator opted out."""
+        if self.bus.fail_open_until_directory:
+            log.warning(
+                "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY is set: until the hook directory is read, "
+                "tool calls are decided without any hook service (fail-open)"
+            )
+        self.unread_why = "reading it at start"
         try:
             await self.clock.measure(self.redis, START_SAMPLES)
             await self.directory.refresh()
-        except RedisError as exc:
-            log.warning("Redis unreachable at start (%s); will keep trying", exc)
+        except (RedisError, OSError) as exc:
+            self.unread_why = f"Redis unreachable since start: {unread.cause(exc)}"
+            log.warning(
+                "Redis unreachable at start (%s); will keep trying. Until the hook directory "
+                "is read, %s",
+                exc,
+                "tool calls are decided without any hook service "
+                "(HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY)"
+                if self.bus.fail_open_until_directory
+                else "tool calls are blocked, permissions denied and tool output withheld",
+            )
         self._tasks = [
             asyncio.create_task(self._read_inbox(), name="hookbus-inbox"),
             asyncio.create_task(self._refresh_loop(), name="hookbus-refresh"),
@@ -174,6 +208,68 @@ class Coordinator(EventRunner):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    # -- before the hook directory is read: fail closed (bus/unread.py) ----------------------
+
+    def run_pre_tool_use(self, ctx: PreToolUseContext) -> Coroutine[Any, Any, PreToolUseResult]:
+        if self.directory.known:  # a plain check and no coroutine more: the hottest path
+            return super().run_pre_tool_use(ctx)
+        return self._unread(HookEvent.PRE_TOOL_USE, ctx, super().run_pre_tool_use)
+
+    def run_post_tool_use(self, ctx: PostToolUseContext) -> Coroutine[Any, Any, PostToolUseResult]:
+        if self.directory.known:
+            return super().run_post_tool_use(ctx)
+        return self._unread(HookEvent.POST_TOOL_USE, ctx, super().run_post_tool_use)
+
+    def run_on_post_tool_use_failure(
+        self, ctx: PostToolUseFailureContext
+    ) -> Coroutine[Any, Any, PostToolUseResult]:
+        if self.directory.known:
+            return super().run_on_post_tool_use_failure(ctx)
+        return self._unread(
+            HookEvent.POST_TOOL_USE_FAILURE, ctx, super().run_on_post_tool_use_failure
+        )
+
+    def run_on_permission_request(
+        self, ctx: PermissionRequestContext
+    ) -> Coroutine[Any, Any, PermissionRequestResult]:
+        if self.directory.known:
+            return super().run_on_permission_request(ctx)
+        return self._unread(HookEvent.PERMISSION_REQUEST, ctx, super().run_on_permission_request)
+
+    async def _unread(
+        self, event: HookEvent, ctx: Any, run: Callable[[Any], Awaitable[Any]]
+    ) -> Any:
+        """Decide ``event`` before the hook directory was read: fail closed (the event is still
+        published, for the audit trail), or, if the operator opted out, as if no hook service
+        were registered. Either way logged, one line per kind per 10 s."""
+        tool, _ = tool_of(ctx)
+        if self.bus.fail_open_until_directory:
+            _failures.warning(
+                "%s of %s decided without hook services: the hook directory is not read yet "
+                "(%s) and HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY is set",
+                event.value,
+                tool,
+                self.unread_why,
+                key="unread fail-open",
+            )
+            return await run(ctx)
+        check_context(event, ctx)
+        try:
+            self.fire_async(event, ctx)
+        except LimitError as exc:  # input no hook could inspect: refused, as ever
+            self.refused(event, ctx, exc)
+            return refusal(event, str(exc))
+        result = unread.decision(event, self.unread_why)
+        _failures.warning(
+            "%s of %s %s: %s",
+            event.value,
+            tool,
+            unread.EFFECT[event],
+            unread.reason(self.unread_why),
+            key="unread fail-closed",
+        )
+        return result
 
     # -- EventRunner ---------------------------------------------------------------------------
 
@@ -579,11 +675,20 @@ class Coordinator(EventRunner):
             self._wake.clear()
             if self._closed:
                 return
+            known = self.directory.known
             try:
                 await self.clock.measure(self.redis)
                 await self.directory.refresh()
             except (RedisError, OSError) as exc:
                 log.debug("directory refresh failed: %s", exc)
+                if not known:
+                    self.unread_why = f"Redis unreachable since start: {unread.cause(exc)}"
+                continue
+            if not known:
+                log.warning(
+                    "hook directory read at last (%d hooks): the hooks decide from now on",
+                    len(self.directory.by_name) + len(self.directory.async_hooks),
+                )
 
     async def _listen_control(self) -> None:
         while not self._closed:

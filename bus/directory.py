@@ -110,6 +110,9 @@ class HookDirectory:
         #: Hooks whose live replicas all report a clock beyond the bound → the offset (ms) of
         #: the one nearest to Redis's.
         self.skewed: dict[str, int] = {}
+        #: True once the directory has been read from Redis: before, no hook is known, not
+        #: even that there is none (bus/unread.py decides then).
+        self.known = False
 
     def _read_breakglass(self, data: bytes | None) -> BreakGlass | None:
         if data is None:
@@ -175,6 +178,7 @@ class HookDirectory:
                 skewed[manifest.name] = offset
         self._note_skew(skewed)
         self._rebuild(manifests, counts)
+        self.known = True
 
     def _note_skew(self, skewed: dict[str, int]) -> None:
         for name, offset in skewed.items():

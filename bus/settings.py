@@ -94,6 +94,18 @@ def _count(env: Mapping[str, str], key: str, default: int) -> int:
     return int(raw)
 
 
+def _switch(env: Mapping[str, str], key: str) -> bool:
+    """An on/off switch: ``1``, ``true``, ``yes`` or ``on`` (any case) is on; unset, empty,
+    ``0``, ``false``, ``no`` or ``off`` is off; anything else is a ConfigError (a typo must not
+    pass for either)."""
+    raw = env.get(key, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}={env[key]!r} must be 1 or 0 (true/false, yes/no, on/off)")
+
+
 def _port(env: Mapping[str, str], key: str) -> int:
     """A TCP port, or 0 (off) when unset."""
     value = _count(env, key, 0)
@@ -127,6 +139,7 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_MAX_OUTPUT_CHARS",
         "HOOKBUS_AUDIT_DB",
         "HOOKBUS_HEALTH_PORT",
+        "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY",
         # The HTTP gateway (workers/gateway.py) and the Claude Code command hook
         # (workers/command_hook.py): docs/integrations.md.
         *(f"HOOKBUS_GATEWAY_{v}" for v in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS", "URL")),
@@ -243,6 +256,12 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             (``HOOKBUS_DURABLE_WAIT_MS``, 1000).
         health_port: where services (workers, coordinators) answer ``/livez`` and ``/readyz``
             over HTTP (``HOOKBUS_HEALTH_PORT``, 0 = no health endpoint; workers/probes.py).
+        fail_open_until_directory: the operator's opt-out of failing closed before the hook
+            directory is read (``HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY``, off). Off: until a
+            coordinator has read the directory once, it blocks every tool call, denies every
+            permission request and withholds tool output (``bus/unread.py``). On: it decides
+            as if no hook service were registered, and logs a warning each time it does
+            (docs/reliability.md, promise 1).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -259,6 +278,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
     durable_replicas: int = 0
     durable_wait_ms: int = 1000
     health_port: int = 0
+    fail_open_until_directory: bool = False
 
     @classmethod
     def from_env(
@@ -285,4 +305,5 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             durable_replicas=_count(env, "HOOKBUS_DURABLE_REPLICAS", 0),
             durable_wait_ms=_int(env, "HOOKBUS_DURABLE_WAIT_MS", 1000),
             health_port=_port(env, "HOOKBUS_HEALTH_PORT"),
+            fail_open_until_directory=_switch(env, "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY"),
         )
