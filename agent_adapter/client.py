@@ -18,7 +18,10 @@ from bus.settings import BusSettings, HookSettings
 class HookClient(Coordinator):
     """A coordinator in the agent's process, plus session hooks and cancellation.
 
-    Use as ``async with HookClient(BusSettings.from_env()) as hooks: ...``.
+    Use as ``async with HookClient(BusSettings.from_env()) as hooks: ...``. Started while
+    Redis is down, it fails closed until it has read the hook directory (tool calls blocked,
+    permissions denied, tool output withheld; ``hooks.directory.known`` says when it has), then
+    the hooks decide; ``HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY=1`` opts out (docs/reliability.md).
     """
 
     def __init__(

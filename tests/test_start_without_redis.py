@@ -29,6 +29,7 @@ from bus import (
     SessionStartContext,
 )
 from bus.keys import Keys
+from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, HookSettings
 from tests.harness import Processes, until, wait_for, wait_live, worker_env
 from workers.redis_server import RedisServer, free_port
@@ -60,6 +61,18 @@ def guarded_then_down(procs: Processes) -> Iterator[tuple[RedisServer, BusSettin
         server.close()
 
 
+@pytest.fixture
+def fresh_log(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Any:
+    """The coordinator's warnings, with its rate limit reset: a line another test logged less
+    than 10 s ago is not held back here."""
+    import bus.coordinator
+
+    logger = logging.getLogger("hookbus.coordinator")
+    monkeypatch.setattr(bus.coordinator, "_failures", RateLimitedLog(logger))
+    caplog.set_level(logging.WARNING, logger="hookbus")
+    return caplog
+
+
 def pre(tool: str, **args: Any) -> PreToolUseContext:
     return PreToolUseContext(session_id="s-start", tool_name=tool, tool_args=args)
 
@@ -70,10 +83,9 @@ def closed_reason(reason: str) -> bool:
 
 
 async def test_a_client_started_while_redis_is_down_fails_closed_then_its_guard_decides(
-    guarded_then_down: tuple[RedisServer, BusSettings], caplog: pytest.LogCaptureFixture
+    guarded_then_down: tuple[RedisServer, BusSettings], fresh_log: pytest.LogCaptureFixture
 ) -> None:
     server, settings = guarded_then_down
-    caplog.set_level(logging.WARNING, logger="hookbus")
     async with HookClient(settings, HookSettings(hook_timeout_secs=5)) as client:
         assert not client.directory.known
         # PreToolUse: blocked, whatever the tool (the guard would not even look at this one).
@@ -100,7 +112,7 @@ async def test_a_client_started_while_redis_is_down_fails_closed_then_its_guard_
             assert result.final_content.startswith("[output withheld by HookBus: " + UNREAD)
         # A notification has nothing to decide: it goes on.
         assert (await client.run_on_session_start(SessionStartContext(session_id="s"))).called == ()
-        said = caplog.text
+        said = fresh_log.text
         assert "Redis unreachable at start" in said and "tool calls are blocked" in said, said
         assert "PreToolUse of run_shell blocked: " + UNREAD in said, said
 
@@ -114,7 +126,7 @@ async def test_a_client_started_while_redis_is_down_fails_closed_then_its_guard_
             PostToolUseContext(session_id="s-start", tool_name="file_read", output_content="ok")
         )
         assert output.final_content == "ok"
-        assert "hook directory read at last" in caplog.text
+        assert "hook directory read at last" in fresh_log.text
 
 
 async def test_the_coordinator_service_answers_an_unread_directory_closed(
@@ -138,7 +150,7 @@ async def test_the_coordinator_service_answers_an_unread_directory_closed(
     assert reply.result.is_blocked and closed_reason(reply.result.action.reason), reply
 
 
-async def test_an_operator_may_opt_out_and_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_operator_may_opt_out_and_is_warned(fresh_log: pytest.LogCaptureFixture) -> None:
     """``HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY=1``: decided as if no hook service were registered
     (the behaviour before), with a warning at start and at each such decision."""
     env = {"HOOKBUS_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
@@ -151,13 +163,12 @@ async def test_an_operator_may_opt_out_and_is_warned(caplog: pytest.LogCaptureFi
     with pytest.raises(ConfigError, match="HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY='maybe' must be 1"):
         BusSettings.from_env({**env, "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY": "maybe"})
 
-    caplog.set_level(logging.WARNING, logger="hookbus")
     settings = BusSettings.from_env({**env, "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY": "1"})
     assert settings.fail_open_until_directory
     async with HookClient(settings, HookSettings(hook_timeout_secs=1)) as client:
         result = await client.run_pre_tool_use(pre("run_shell", command="rm -rf /"))
         assert not result.is_blocked and not client.directory.known, result
-    said = caplog.text
+    said = fresh_log.text
     assert "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY is set: until the hook directory is read" in said
     assert "PreToolUse of run_shell decided without hook services" in said, said
 
