@@ -37,7 +37,7 @@ from bus.actions import (
 )
 from bus.aggregation import Outcome, refusal
 from bus.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
-from bus.directory import HookDirectory
+from bus.directory import HookDirectory, RemoteTarget
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
 from bus.events import (
@@ -415,7 +415,12 @@ class Coordinator(EventRunner):
     async def _session_targets(self, session_id: str) -> list[Any]:
         names = self._session_hooks.get(session_id)
         if names is None or session_id in self._stale_sessions:
-            names = await self._read_session_hooks(session_id, names)
+            try:
+                names = await self._read_session_hooks(session_id)
+            except (RedisError, OSError, TimeoutError) as exc:
+                if names is None:
+                    return self._unknown_session(session_id, exc)
+                # else the names known before stand
         if not names:
             return []
         by_name = self.directory.by_name
@@ -423,19 +428,12 @@ class Coordinator(EventRunner):
             _Missing(n, self._endpoint(n)) for n in names if n not in by_name
         ]
 
-    async def _read_session_hooks(
-        self, session_id: str, known: frozenset[str] | None
-    ) -> frozenset[str]:
+    async def _read_session_hooks(self, session_id: str) -> frozenset[str]:
         """The session's hook names from Redis, within ``SESSION_LOOKUP_SECS`` (the time counts
-        against the dispatch's deadlines). If Redis does not answer, the names known before
-        stand; a session never read before goes without its own hooks this once (logged)."""
-        try:
-            async with asyncio.timeout(SESSION_LOOKUP_SECS):
-                members = await self.redis.smembers(self.keys.session_hooks(session_id))
-        except (RedisError, OSError, TimeoutError) as exc:
-            if known is None:
-                log.warning("session hooks of %s unknown (%r); going without", session_id, exc)
-            return known or frozenset()
+        against the dispatch's deadlines); RedisError, OSError or TimeoutError if Redis does
+        not answer (then the names known before stand, else ``_unknown_session``)."""
+        async with asyncio.timeout(SESSION_LOOKUP_SECS):
+            members = await self.redis.smembers(self.keys.session_hooks(session_id))
         names = frozenset(m.decode() if isinstance(m, bytes) else str(m) for m in members)
         if len(self._session_hooks) > 10_000:
             self._session_hooks.clear()
@@ -445,6 +443,27 @@ class Coordinator(EventRunner):
         self._by_digest[session_digest(session_id)] = session_id
         self._stale_sessions.discard(session_id)
         return names
+
+    def _unknown_session(self, session_id: str, error: BaseException) -> list[Any]:
+        """The targets of a session whose hooks were never read, when Redis did not answer:
+        any session-scoped hook with ``failure_policy="fail"`` may be one of them, so each
+        stands in, unreachable, and its policy decides (fail closed); the others are gone
+        without this once. Logged, one line per 10 s."""
+        why = f"the hooks of session {session_id} could not be read: {unread.cause(error)}"
+        guards = [
+            _Unknown(target, why)
+            for target in self.directory.by_name.values()
+            if target.manifest.scope == "session" and target.spec.failure_policy == "fail"
+        ]
+        _failures.warning(
+            "%s; %s",
+            why,
+            f"its possible fail hooks ({', '.join(g.spec.name for g in guards)}) fail closed"
+            if guards
+            else "going without its own hooks this once",
+            key="session hooks unknown",
+        )
+        return guards
 
     def session_changed(self, session_id: str, known: frozenset[str] | None = None) -> None:
         """The session's hook set changed: read it again at its next event (``known``, or the
@@ -715,6 +734,20 @@ class Coordinator(EventRunner):
                 await asyncio.sleep(0.2)
             finally:
                 await pubsub.aclose()
+
+
+class _Unknown:
+    """A session-scoped ``fail`` hook that may belong to a session whose hooks could not be
+    read: unreachable, so its failure policy decides (``_unknown_session``)."""
+
+    def __init__(self, target: RemoteTarget, why: str) -> None:
+        self.spec = target.spec
+        self.order = target.order
+
+        def endpoint(event: HookEvent, ctx: HookContext, deadline: float) -> Any:
+            raise HookUnreachable(why)
+
+        self.endpoint = endpoint
 
 
 class _Missing:

@@ -300,3 +300,39 @@ def test_the_gateway_started_while_redis_is_down_denies_until_the_guard_decides(
     )  # fmt: skip
     assert guarded
     assert "Redis unreachable at start" in procs.logs()
+
+
+# -- a session whose own hooks could not be read -------------------------------------------
+
+
+async def test_a_new_session_whose_hooks_cannot_be_read_fails_closed_for_fail_hooks(
+    procs: Processes,
+) -> None:
+    """The same doubt for one session: its hooks never read and Redis not answering, any
+    session-scoped hook with ``failure_policy="fail"`` may be one of them: it stands in,
+    unreachable, and blocks. (A session read before keeps the set it had.)"""
+    from bus import Block
+    from tests.remote_hooks import HookConfig
+
+    with RedisServer() as server:
+        settings = BusSettings(
+            redis_url=server.url, prefix="sessions", heartbeat_secs=0.2, liveness_secs=1.0,
+            claim_idle_secs=0.5, refresh_secs=0.2,
+        )  # fmt: skip
+        watch = HookConfig(
+            name="Watch", answers={"PreToolUse": Block(reason="session rule")},
+            failure_policy="fail",
+        )  # fmt: skip
+        procs.scripted(settings, watch, "--scope", "session")
+        async with HookClient(settings, HookSettings(hook_timeout_secs=5)) as client:
+            await wait_live(client, "Watch")
+            seen = PreToolUseContext(session_id="s-seen", tool_name="run_shell")
+            assert not (await client.run_pre_tool_use(seen)).is_blocked  # none attached
+            server.kill()
+            new = PreToolUseContext(session_id="s-new", tool_name="run_shell")
+            result = await client.run_pre_tool_use(new)
+            assert result.is_blocked, result
+            assert result.action.reason.startswith(
+                "hook Watch is unreachable: the hooks of session s-new could not be read: "
+            ), result
+            assert not (await client.run_pre_tool_use(seen)).is_blocked
