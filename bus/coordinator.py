@@ -237,6 +237,14 @@ class Coordinator(EventRunner):
             return super().run_on_permission_request(ctx)
         return self._unread(HookEvent.PERMISSION_REQUEST, ctx, super().run_on_permission_request)
 
+    def not_deciding(self) -> str | None:
+        """Why this coordinator answers every tool call with a refusal (bus/unread.py), or None
+        once it has read the hook directory (or the operator opted out): what a readiness
+        probe reports, so that a load balancer sends no agent to it meanwhile."""
+        if self.directory.known or self.bus.fail_open_until_directory:
+            return None
+        return unread.reason(self.unread_why)
+
     async def _unread(
         self, event: HookEvent, ctx: Any, run: Callable[[Any], Awaitable[Any]]
     ) -> Any:

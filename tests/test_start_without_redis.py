@@ -150,6 +150,30 @@ async def test_the_coordinator_service_answers_an_unread_directory_closed(
     assert reply.result.is_blocked and closed_reason(reply.result.action.reason), reply
 
 
+async def test_a_coordinator_service_is_not_ready_until_it_has_read_the_directory(
+    guarded_then_down: tuple[RedisServer, BusSettings],
+) -> None:
+    """Its /readyz follows what it decides: while every tool call is refused (directory never
+    read), a fresh heartbeat does not make it ready, so a load balancer sends it no agent;
+    once Redis is back and the directory read, it is."""
+    from workers.coordinator_service import CoordinatorService
+
+    server, settings = guarded_then_down
+    service = CoordinatorService(settings)
+    await service.coordinator.start()
+    try:
+        service.health.beat()  # as if its heartbeat had reached Redis
+        ready, why = service.health.ready()
+        assert not ready and closed_reason(why), why
+        server.start()
+        await wait_for(lambda: service.coordinator.directory.known, what="the directory read")
+        service.health.beat()
+        ready, why = service.health.ready()
+        assert ready, why
+    finally:
+        await service.coordinator.close()
+
+
 async def test_an_operator_may_opt_out_and_is_warned(fresh_log: pytest.LogCaptureFixture) -> None:
     """``HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY=1``: decided as if no hook service were registered
     (the behaviour before), with a warning at start and at each such decision."""

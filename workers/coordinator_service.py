@@ -247,6 +247,7 @@ class CoordinatorService:
         self._walking = asyncio.Semaphore(1)  # heads of requests over the bounds: _head()
         self.ready = asyncio.Event()
         self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
+        self.health.not_deciding = self.coordinator.not_deciding
 
     @property
     def sources(self) -> list[Source]:

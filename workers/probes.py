@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from bus.clock import MAX_SKEW_MS, RedisClock, describe
 
@@ -39,6 +40,10 @@ class Health:
         self.clock = clock
         self.last_beat: float | None = None
         self.is_stopping = False
+        #: Why the service cannot decide yet (None when it can): a coordinator that has not
+        #: read the hook directory answers every tool call with a refusal (bus/unread.py), so
+        #: it is not ready, however fresh its heartbeat.
+        self.not_deciding: Callable[[], str | None] = lambda: None
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -51,6 +56,9 @@ class Health:
             return False, "stopping"
         if self.last_beat is None:
             return False, "not registered yet: no heartbeat has reached Redis"
+        why = self.not_deciding()
+        if why is not None:
+            return False, why
         age = time.monotonic() - self.last_beat
         if age > self.fresh_secs:
             return False, (
