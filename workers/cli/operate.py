@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 from bus.errors import ConfigError
 from bus.settings import BusSettings
-from workers.cli.common import UsageError, add_redis_options, duration, settings_of, with_redis
+from workers.cli.common import (
+    UsageError,
+    add_redis_options,
+    announce_redis,
+    duration,
+    settings_of,
+    with_redis,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -31,6 +38,7 @@ def _replay(args: argparse.Namespace) -> int:
     from workers.replay import check_replayable, replay_dead_letters, replay_range
 
     settings = settings_of(args)
+    announce_redis(args, settings)
 
     async def replay() -> int:
         redis = connect(settings)
