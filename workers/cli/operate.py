@@ -362,7 +362,8 @@ def _dlq_purge(args: argparse.Namespace) -> int:
 
 
 def _tenants(args: argparse.Namespace) -> int:
-    """Which tenants (untrusted agents, each with its own Redis user) the coordinator answers."""
+    """Which tenants (untrusted agents: each with its own Redis user, or gateway tokens) the
+    coordinator service and the gateway answer."""
     from workers.operator import add_tenant, list_tenants, remove_tenant
 
     if args.action != "list" and not args.name:
@@ -378,12 +379,14 @@ def _tenants(args: argparse.Namespace) -> int:
                 f"tenant {args.name} "
                 + ("added" if added else "was already served")
                 + f": the coordinator service answers {keys.tenant_decisions(args.name)} "
-                f"(its Redis user: tenant-{args.name}, from hookbus acl --tenants)"
+                f"(its Redis user: tenant-{args.name}, from hookbus acl --tenants), and the "
+                "gateway its tokens, within 2 s"
             )
         else:
             removed = await remove_tenant(redis, keys, args.name, args.by)
             print(
-                f"tenant {args.name} removed: its requests are no longer answered"
+                f"tenant {args.name} removed: within 2 s its requests are no longer answered "
+                "(the gateway answers its tokens 401)"
                 if removed
                 else f"tenant {args.name} was not served"
             )
