@@ -174,7 +174,8 @@ def redis_source(args: argparse.Namespace) -> str:
     """Which setting chose the Redis URL a command uses."""
     if getattr(args, "redis", None):
         return "--redis"
-    for name in ("HOOKBUS_REDIS_URL", "HOOKBUS_REDIS_URL_FILE"):
+    variable = "HOOKBUS_REDIS_URL"
+    for name in (variable, f"{variable}_FILE"):  # the URL, or a file holding it
         if os.environ.get(name):
             return name
     return "the default: neither --redis nor HOOKBUS_REDIS_URL is set"
