@@ -543,7 +543,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tenants = add_redis_options(
         sub.add_parser(
             "tenants",
-            help="the untrusted tenants the coordinator service answers (add, remove, list)",
+            help="the untrusted tenants the coordinator service and the gateway answer (add, "
+            "remove, list)",
         )
     )
     tenants.add_argument("action", choices=["add", "remove", "list"])
