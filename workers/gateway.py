@@ -332,10 +332,13 @@ class Gateway:
         next_check = time.monotonic() + self.TOKENS_CHECK_SECS
         while True:
             await asyncio.sleep(self.TENANTS_REFRESH_SECS)
-            await self.read_tenants()
-            if self.token_file is not None and time.monotonic() >= next_check:
-                next_check = time.monotonic() + self.TOKENS_CHECK_SECS
-                self.token_file.check()
+            try:
+                await self.read_tenants()
+                if self.token_file is not None and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.TOKENS_CHECK_SECS
+                    self.token_file.check()
+            except Exception:  # following them outlives anything: a revocation must land
+                _failures.error("following the tenants and tokens failed", exc_info=True)
 
     def unserved(self) -> list[str]:
         """The tenants with a token that the bus does not serve."""
