@@ -660,3 +660,27 @@ def test_a_tenant_cancels_its_own_session_over_http_and_never_another_tenants(
         assert status == 401 and "www-authenticate" in headers, body
     with Redis.from_url(bus_settings.redis_url) as r:
         assert not r.keys(f"{bus_settings.prefix}:cancelled:*s2")
+
+
+def test_a_changed_token_file_is_read_again_and_a_broken_one_keeps_the_tokens_before(
+    tmp_path: Path,
+) -> None:
+    from workers.gateway import TokenFile
+
+    path = tmp_path / "tokens"
+    path.write_text(f"laptop:{digest('a')}\nacme:{digest('b')}\n")
+    tokens = TokenFile(path)
+    assert tokens.check() is False  # unchanged: not read again
+    assert tokens.tokens.tenant("Bearer b") == "acme"
+    # Rewritten whole and renamed over, as --revoke-token does: acme's token is gone.
+    fresh = tmp_path / "tokens.new"
+    fresh.write_text(f"laptop:{digest('a')}\n")
+    fresh.replace(path)
+    assert tokens.check() is True
+    assert tokens.tokens.tenant("Bearer b") is None and tokens.tokens.tenant("Bearer a")
+    # A change that cannot be used leaves the tokens before in force (said in the log).
+    path.write_text(f"laptop:{digest('a')}\nbroken line\n")
+    assert tokens.check() is False and tokens.tokens.tenant("Bearer a") == "laptop"
+    # A file with no token left: none is accepted.
+    path.write_text("# every token revoked\n")
+    assert tokens.check() is True and tokens.tokens.tenant("Bearer a") is None
