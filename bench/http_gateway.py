@@ -203,6 +203,7 @@ async def run(plan: Plan, url: str, children: Children, logdir: Path) -> dict[st
     children.start("worker", "workers.cli", ["worker", f"{MODULE}:{hook.__name__}"], env)
     redis = Redis.from_url(url)
     try:
+        await redis.sadd(Keys(PREFIX).tenants, "bench")  # a tenant the gateway serves
 
         async def hook_live() -> bool:
             return bool(await redis.zcard(Keys(PREFIX).replicas(hook.name)))

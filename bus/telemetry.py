@@ -23,6 +23,14 @@ then instead of retrying for the exporters' full timeout.
 Spans: the agent's turn → step → tool call → ``dispatch <Event>`` (in the coordinator or
 registry) → ``hook <name>`` (in the worker process that ran it, its parent carried in the
 request's ``traceparent``). Async hook spans link to the span that published the event.
+
+No tool input or output leaves through telemetry by default: span attributes name the event,
+session, tool and hooks; a hook's action is a span event with what the agent sees of it (a
+reason, a decision, context for the model), never the arguments or output a hook rewrote.
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (the OpenTelemetry GenAI opt-in)
+adds to a tool call's dispatch span the final input (``gen_ai.tool.call.arguments``, JSON) and
+output (``gen_ai.tool.call.result``) as the hooks left them — after every rewrite, as the
+agent gets them; no input for a blocked call — up to ``CONTENT_CHARS`` characters each.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ from bus.span_export import SpanExport
 tracer = trace.get_tracer("hookbus")
 meter = metrics.get_meter("hookbus")
 
-_state = {"enabled": False}
+_state = {"enabled": False, "content": False}
 #: The last span export (its counts stay readable after ``shutdown()``); whether HookBus's
 #: spans are the SDK's (console exporter, OTLP over gRPC).
 _last_export: SpanExport | None = None
@@ -75,6 +83,12 @@ _exporters: list[Any] = []
 EXPORTERS = ("otlp", "console", "none")
 PROTOCOLS = ("http/protobuf", "grpc")
 _ACTION_EVENTS = frozenset({"Block", "MutateInput", "MutateOutput", "Override"})
+#: Fields of an action that carry a tool's input or output: never exported (see above).
+_CONTENT_FIELDS = frozenset({"updated_args", "updated_content"})
+#: The opt-in to export a tool call's final input and output (its values: true, 1, yes, on).
+CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+#: The most characters of a final input or output exported with the opt-in.
+CONTENT_CHARS = 4096
 
 
 def enabled() -> bool:
@@ -111,6 +125,8 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
 
     global _export, _sampler, _ids, _default_sampler, _sdk_spans, _last_export
     env = os.environ if env is None else env
+    capture = env.get(CAPTURE_CONTENT, "").strip().lower() in ("true", "1", "yes", "on")
+    _state["content"] = capture
     traces, metric_kind = _exporter("TRACES", env), _exporter("METRICS", env)
     if traces == "none" and metric_kind == "none":
         return False
@@ -631,6 +647,8 @@ def instrument(runner: EventRunner) -> EventRunner:
         with span(f"dispatch {name}", dict(attrs)) as dispatch:
             outcomes = await gather(event, ctx, sequential=sequential)
             record_outcomes(dispatch, event, attrs, outcomes, start, local=is_local)
+            if _state["content"] and tool:
+                record_content(dispatch, event, ctx, outcomes, runner.settings.truncate_chars)
         _deferred.record(
             _instruments()["dispatch"],
             (time.time_ns() - start) / 1e9,
@@ -707,6 +725,36 @@ def record_outcomes(
         child.end(start_ns + int(o.elapsed * 1e9))
 
 
+def record_content(
+    span: Span | LightSpan,
+    event: HookEvent,
+    ctx: HookContext,
+    outcomes: Sequence[Outcome],
+    truncate_chars: int,
+) -> None:
+    """With the opt-in (``CAPTURE_CONTENT``): the tool call's final input or output on its
+    dispatch span, aggregated from ``outcomes`` as the runner aggregates them — every rewrite
+    applied, as the agent gets it, never the input or output as it came. A blocked call's
+    input is not recorded: the tool never ran with it."""
+    import datetime as dt
+    import json
+
+    from bus.actions import Block
+    from bus.aggregation import aggregate_post_tool_use, aggregate_pre_tool_use
+
+    now = dt.datetime.now(dt.UTC)
+    if event is HookEvent.PRE_TOOL_USE:
+        pre = aggregate_pre_tool_use(getattr(ctx, "tool_args", {}), outcomes, now)
+        if not isinstance(pre.action, Block):
+            text = json.dumps(pre.final_args, ensure_ascii=False, default=str)
+            span.set_attribute("gen_ai.tool.call.arguments", text[:CONTENT_CHARS])
+    elif event in (HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE):
+        field = "output_content" if event is HookEvent.POST_TOOL_USE else "error_message"
+        content = str(getattr(ctx, field, ""))
+        post = aggregate_post_tool_use(event, content, outcomes, now, truncate_chars)
+        span.set_attribute("gen_ai.tool.call.result", post.final_content[:CONTENT_CHARS])
+
+
 def action_tag(action: Any) -> str:
     """The wire name of an action (``"Block"``), or ``"none"``."""
     if action is None:
@@ -715,12 +763,15 @@ def action_tag(action: Any) -> str:
 
 
 def annotate(span: Span | LightSpan, action: Any) -> None:
-    """Span events for the actions that change what the agent does."""
+    """Span events for the actions that change what the agent does: what the agent is told (a
+    reason, a decision, context), never the input or output a hook rewrote (one hook's rewrite
+    is not what the agent gets: a later hook may have redacted it)."""
     if action is None:
         return
     tag = action_tag(action)
     if tag in _ACTION_EVENTS:
-        span.add_event(tag, {f: str(getattr(action, f))[:200] for f in action.__struct_fields__})
+        fields = (f for f in action.__struct_fields__ if f not in _CONTENT_FIELDS)
+        span.add_event(tag, {f: str(getattr(action, f))[:200] for f in fields})
 
 
 def headers() -> tuple[str, str]:

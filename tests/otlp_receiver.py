@@ -27,12 +27,17 @@ class OTLPReceiver:
         self.counts: dict[str, int] = {}
         self.spans: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
+        #: Every request body as it came (kept with ``keep``): what left the exporters, whole.
+        self.bodies: list[bytes] = []
         self._lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if receiver.keep:
+                    with receiver._lock:
+                        receiver.bodies.append(body)
                 if self.path == "/v1/traces":
                     receiver._traces(body)
                 elif self.path == "/v1/metrics":
@@ -71,6 +76,9 @@ class OTLPReceiver:
                         "parent_id": s.parent_span_id.hex(),
                         "attributes": {a.key: _value(a.value) for a in s.attributes},
                         "events": [e.name for e in s.events],
+                        "event_attributes": [
+                            {a.key: _value(a.value) for a in e.attributes} for e in s.events
+                        ],
                         "status": s.status.code,  # 2 = ERROR
                         "links": [link.span_id.hex() for link in s.links],
                     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import subprocess
 import sys
 import time
@@ -78,8 +79,12 @@ def hookbus(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )  # fmt: skip
 
 
-def new_token(tokens: Path, tenant: str) -> str:
-    proc = hookbus("gateway", "--new-token", tenant, "--tokens", str(tokens))
+def new_token(tokens: Path, tenant: str, settings: BusSettings | None = None) -> str:
+    """A new token for ``tenant`` in the file ``tokens``; with ``settings``, ``--new-token``
+    also makes ``tenant`` one that bus serves (without, it finds no Redis: the token only)."""
+    url = settings.redis_url if settings else f"redis://127.0.0.1:{free_port()}/0"
+    env = worker_env(settings) if settings else {**os.environ, "HOOKBUS_REDIS_URL": url}
+    proc = hookbus("gateway", "--new-token", tenant, "--tokens", str(tokens), env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -97,7 +102,7 @@ def start_gateway(
     """A gateway on a free port, with a token for ``tenant``; once /healthz answers 200 (by then
     it has read the hook directory: its coordinator starts before it listens)."""
     tokens = tmp_path / "tokens"
-    token = new_token(tokens, tenant)
+    token = new_token(tokens, tenant, settings)
     port = free_port()
     env = worker_env(settings, HOOKBUS_REFRESH_SECS="0.2")
     proc = procs.start(
@@ -388,7 +393,7 @@ def test_the_tenant_comes_from_the_token_never_the_body(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
     tokens = tmp_path / "tokens"
-    mallory = new_token(tokens, "mallory")  # the attacker's own, valid credential
+    mallory = new_token(tokens, "mallory", bus_settings)  # the attacker's own, valid credential
     gateway = start_gateway(procs, bus_settings, tmp_path, tenant="acme")
     assert gateway.tokens == tokens
     # Mallory claims to be acme in every way a request allows.
@@ -514,7 +519,8 @@ def test_a_warn_mode_answer_reaches_claude_as_context_and_the_audit_trail_names_
     }}  # fmt: skip
     with Redis.from_url(bus_settings.redis_url) as redis:
         entries = redis.xrange(Keys(bus_settings.prefix).audit)
-    (record,) = [decode(fields[b"data"], AuditRecord) for _, fields in entries]
+    added, record = [decode(fields[b"data"], AuditRecord) for _, fields in entries]
+    assert (added.kind, added.mode, added.detail) == ("tenant", "add", "team-a")  # --new-token
     assert (record.kind, record.hook, record.mode, record.by) == (
         "shadowed", "SecretGuard", "warn", "tenant:team-a")  # fmt: skip
 
@@ -527,7 +533,7 @@ def test_a_token_reaches_only_its_own_tenants_sessions(
     procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
     live(bus_settings, "CancellationHook")
     tokens = tmp_path / "tokens"
-    mallory = new_token(tokens, "mallory")
+    mallory = new_token(tokens, "mallory", bus_settings)
     gateway = start_gateway(procs, bus_settings, tmp_path, tenant="team-b")
     proc = hookbus("cancel", "team-b/victim", env=worker_env(bus_settings))
     assert proc.returncode == 0, proc.stderr
@@ -550,3 +556,131 @@ def test_a_token_reaches_only_its_own_tenants_sessions(
     )
     ended = {m.session_id for m in stops if m.event == HookEvent.ON_SESSION_STOP}
     assert ended == {"mallory/victim", "mallory/team-b/victim", "mallory/../team-b/victim"}
+
+
+# -- issue 30, item 6: removed tenants, revoked tokens, a tenant's own cancel ---------------------
+
+
+def answered(gateway: Running, token: str) -> int:
+    """The status of one decision request (no hook: Continue) with ``token``."""
+    return int(gateway.post("/v1/decisions", decision_request(), token)[0])
+
+
+def within_2s(condition: Callable[[], bool], what: str, explain: Callable[[], str]) -> None:
+    """``condition`` holds within the 2 s the gateway promises, counted from now."""
+    until(condition, what, timeout=2.0, explain=explain)
+
+
+def test_a_removed_tenant_and_a_revoked_token_get_401_within_2_s_without_a_restart(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """Each attack with the credential the attacker still holds: the token of a tenant the
+    operator removed, and a token revoked from the token file, against the running gateway."""
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="laptop")
+    # A token whose tenant the bus never served (written into the file by hand): refused.
+    ghost = "ghost-token"
+    with gateway.tokens.open("a") as f:
+        f.write(f"ghost:{digest(ghost)}\n")
+    acme = new_token(gateway.tokens, "acme", bus_settings)
+    spare = new_token(gateway.tokens, "laptop", bus_settings)  # a second token of laptop
+    within_2s(lambda: answered(gateway, acme) == 200 and answered(gateway, spare) == 200,
+              "the new tokens to be read", procs.logs)  # fmt: skip
+    status, reply, headers = gateway.post("/v1/decisions", decision_request(), ghost)
+    assert status == 401 and "not served" in reply["error"], reply
+    assert headers["www-authenticate"].startswith("Bearer")
+    env = worker_env(bus_settings)
+
+    removed = hookbus("tenants", "remove", "acme", env=env)
+    assert removed.returncode == 0 and "acme removed" in removed.stdout, removed.stderr
+    within_2s(lambda: answered(gateway, acme) == 401, "acme's token to get 401", procs.logs)
+    cancel = post(gateway.port, "/v1/sessions/s1/cancel", {}, acme)
+    assert cancel[0] == 401, cancel
+    claude = gateway.post("/claude-code", pre_tool_use("Bash", {"command": "ls"}, "s1"), acme)
+    assert claude[0] == 401, claude
+    assert answered(gateway, gateway.token) == 200  # another tenant goes on
+
+    revoked = hookbus("gateway", "--revoke-token", digest(spare), "--tokens", str(gateway.tokens))
+    assert revoked.returncode == 0 and "revoked 1 token of laptop" in revoked.stdout, revoked
+    within_2s(lambda: answered(gateway, spare) == 401, "the revoked token to get 401", procs.logs)
+    assert answered(gateway, gateway.token) == 200  # laptop's other token is still good
+    assert gateway.tokens.stat().st_mode & 0o777 == 0o600
+
+    # Served again once the operator adds it back; every token of a tenant revoked at once.
+    assert hookbus("tenants", "add", "acme", env=env).returncode == 0
+    within_2s(lambda: answered(gateway, acme) == 200, "acme to be served again", procs.logs)
+    revoked = hookbus("gateway", "--revoke-token", "acme", "--tokens", str(gateway.tokens))
+    assert revoked.returncode == 0, revoked
+    within_2s(lambda: answered(gateway, acme) == 401, "acme's token revoked", procs.logs)
+    missing = hookbus("gateway", "--revoke-token", "acme", "--tokens", str(gateway.tokens))
+    assert missing.returncode == 2 and "no token of tenant 'acme'" in missing.stderr, missing
+    assert gateway.proc.poll() is None  # one gateway process all along: no restart
+    assert "tenant acme removed: its tokens get 401" in procs.logs()
+
+
+def cancel_over_http(gateway: Running, session: str, token: str) -> tuple[int, Any]:
+    from urllib.parse import quote
+
+    status, body, _ = post(gateway.port, f"/v1/sessions/{quote(session, safe='')}/cancel", {},
+                           token)  # fmt: skip
+    return status, body
+
+
+def test_a_tenant_cancels_its_own_session_over_http_and_never_another_tenants(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """acme (the attacker, with its own valid token) tries to cancel beta's session every way a
+    session id can be written; only sessions of its own are cancelled."""
+    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    live(bus_settings, "CancellationHook")
+    gateway = start_gateway(procs, bus_settings, tmp_path, tenant="beta")
+    acme = new_token(gateway.tokens, "acme", bus_settings)
+    within_2s(lambda: answered(gateway, acme) == 200, "acme's token to be read", procs.logs)
+    bash = pre_tool_use("Bash", {"command": "ls"}, session="s1")
+
+    def runs(token: str) -> bool:
+        status, out, _ = gateway.post("/claude-code", bash, token)
+        assert status == 200, out
+        return out == {}
+
+    assert runs(gateway.token) and runs(acme)
+    for session in ("beta/s1", "../beta/s1", "s1/../../beta/s1"):
+        assert cancel_over_http(gateway, session, acme) == (200, {"cancelled": f"acme/{session}"})
+    assert runs(gateway.token)  # beta's s1 goes on
+    assert cancel_over_http(gateway, "s1", acme) == (200, {"cancelled": "acme/s1"})
+    status, out, _ = gateway.post("/claude-code", bash, acme)
+    assert (status, out["continue"]) == (200, False), out
+    assert out["stopReason"] == "session acme/s1 was cancelled by the user"
+    assert runs(gateway.token)  # still: acme's cancel was of acme's own s1
+    # beta cancels its own.
+    assert cancel_over_http(gateway, "s1", gateway.token) == (200, {"cancelled": "beta/s1"})
+    assert not runs(gateway.token)
+    # No token, a wrong one: 401, nothing cancelled.
+    for token in (None, "not-a-token"):
+        status, body, headers = post(gateway.port, "/v1/sessions/s2/cancel", {}, token)
+        assert status == 401 and "www-authenticate" in headers, body
+    with Redis.from_url(bus_settings.redis_url) as r:
+        assert not r.keys(f"{bus_settings.prefix}:cancelled:*s2")
+
+
+def test_a_changed_token_file_is_read_again_and_a_broken_one_keeps_the_tokens_before(
+    tmp_path: Path,
+) -> None:
+    from workers.gateway import TokenFile
+
+    path = tmp_path / "tokens"
+    path.write_text(f"laptop:{digest('a')}\nacme:{digest('b')}\n")
+    tokens = TokenFile(path)
+    assert tokens.check() is False  # unchanged: not read again
+    assert tokens.tokens.tenant("Bearer b") == "acme"
+    # Rewritten whole and renamed over, as --revoke-token does: acme's token is gone.
+    fresh = tmp_path / "tokens.new"
+    fresh.write_text(f"laptop:{digest('a')}\n")
+    fresh.replace(path)
+    assert tokens.check() is True
+    assert tokens.tokens.tenant("Bearer b") is None and tokens.tokens.tenant("Bearer a")
+    # A change that cannot be used leaves the tokens before in force (said in the log).
+    path.write_text(f"laptop:{digest('a')}\nbroken line\n")
+    assert tokens.check() is False and tokens.tokens.tenant("Bearer a") == "laptop"
+    # A file with no token left: none is accepted.
+    path.write_text("# every token revoked\n")
+    assert tokens.check() is True and tokens.tokens.tenant("Bearer a") is None

@@ -377,7 +377,8 @@ def test_dlq_purge_asks_for_yes_when_not_on_a_terminal(
     ids = dead_letters(r, keys)
     refused = hookbus(bus_settings, "dlq", "purge")
     assert refused.returncode == 2
-    [line] = refused.stderr.splitlines()
+    where, line = refused.stderr.splitlines()  # the Redis it talks to, then the refusal
+    assert where.startswith("hookbus: talking to Redis at ")
     assert "4 dead letters" in line and "--yes" in line
     assert r.xlen(keys.dlq) == 4
     assert "deleted 1 dead letter of h2" in ok(
@@ -432,18 +433,23 @@ def closed_port() -> int:
     return port
 
 
+def closed_port_of(url: str) -> str:
+    return url.rsplit(":", 1)[1].split("/")[0]
+
+
 @pytest.mark.parametrize(
     "command",
     [["hooks", "list"], ["lag"], ["events", "tail", "--count", "1"], ["dlq", "list"],
      ["dlq", "purge", "--yes"], ["metrics"]],
 )  # fmt: skip
-def test_unreachable_redis_is_one_line_and_exit_code_2(
+def test_unreachable_redis_is_said_where_and_that_it_is_unreachable_exit_code_2(
     bus_settings: BusSettings, command: list[str]
 ) -> None:
     url = f"redis://127.0.0.1:{closed_port()}/0"
     result = hookbus(bus_settings, *command, HOOKBUS_REDIS_URL=url)
     assert result.returncode == 2
-    [line] = result.stderr.splitlines()
+    where, line = result.stderr.splitlines()
+    assert where.startswith(f"hookbus: talking to Redis at 127.0.0.1:{closed_port_of(url)} db 0")
     assert line.startswith(f"hookbus: cannot reach Redis at {url}: ")
     assert result.stdout == ""
 

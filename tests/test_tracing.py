@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bus import Block, HookEvent
 from bus.settings import BusSettings
 from tests.harness import ROOT, Processes, wait_for, worker_env
@@ -213,3 +215,49 @@ def test_a_silent_collector_does_not_hold_up_the_exit(tmp_path: Path) -> None:
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "turn ended" in result.stdout
+
+
+# -- issue 30, item 7: nothing a guard hides leaves through telemetry ---------------------------
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["default", "opt-in"])
+async def test_a_secret_the_hooks_redacted_never_reaches_the_exporter(capture: bool) -> None:
+    """A tool's input and output hold a secret; one hook rewrites both keeping it, a later one
+    redacts it. By default no span carries either; with the opt-in, the tool call's dispatch
+    span carries the final (redacted) input and output. Either way every byte the exporter sent
+    is free of the secret."""
+    import json
+
+    from tests.trace_redaction import REDACTED_ARGS, REDACTED_OUTPUT, SECRET
+
+    with OTLPReceiver() as receiver:
+        env = {**os.environ, **otel_env(receiver, "hookbus-agent")}
+        env.pop("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", None)
+        if capture:
+            env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
+        agent = subprocess.run(
+            [sys.executable, "-m", "tests.trace_redaction"], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert agent.returncode == 0, agent.stderr
+        assert json.loads(agent.stdout) == {"args": REDACTED_ARGS, "output": REDACTED_OUTPUT}
+        names = {"dispatch PreToolUse", "dispatch PostToolUse", "hook Formatter"}
+        await wait_for(lambda: names <= {s["name"] for s in receiver.spans}, what="the spans")
+        spans = list(receiver.spans)
+        sent = b"".join(receiver.bodies)
+
+    assert SECRET.encode() not in sent
+    assert SECRET not in json.dumps(spans)
+    # The hooks' rewrites are still events on their spans, without the content.
+    formatter = [s for s in spans if s["name"] == "hook Formatter"]
+    assert {"MutateInput", "MutateOutput"} <= {e for s in formatter for e in s["events"]}
+    for s in formatter:
+        for attrs in s["event_attributes"]:
+            assert not {"updated_args", "updated_content"} & set(attrs), attrs
+    [pre] = [s["attributes"] for s in spans if s["name"] == "dispatch PreToolUse"]
+    [post] = [s["attributes"] for s in spans if s["name"] == "dispatch PostToolUse"]
+    if capture:
+        assert json.loads(pre["gen_ai.tool.call.arguments"]) == REDACTED_ARGS
+        assert post["gen_ai.tool.call.result"] == REDACTED_OUTPUT
+    else:
+        assert "gen_ai.tool.call.arguments" not in pre and "gen_ai.tool.call.result" not in post

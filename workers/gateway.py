@@ -15,11 +15,18 @@ One POST, one request, one decision:
     (``workers/claude_code.py``, docs/integrations.md). Claude Code runs the tool on any
     answer but a 2xx, so a tool call's input or output no hook can inspect (too deep, too
     large, unreadable) is refused with 200, never answered 400 or 413.
+``POST /v1/sessions/{id}/cancel``
+    Cancel one of the token's tenant's own sessions (``<tenant>/id``, as ``hookbus cancel``
+    would): its next tool call is blocked, wherever it runs. 200 ``{"cancelled": "<tenant>/id"}``.
 ``GET /healthz``
     200 while Redis answers, else 503.
 
 Every POST needs ``Authorization: Bearer <token>``. The token file holds one ``tenant:sha256``
-line per token (the hex SHA-256 of the token, never the token itself); a request's tenant is
+line per token (the hex SHA-256 of the token, never the token itself); it is read again when it
+changes (checked every ``TOKENS_CHECK_SECS``), so that a token removed from it (``--revoke-token``)
+gets 401 within that, without a restart. A token is answered only while its tenant is one the
+bus serves (``{p}:tenants``, ``hookbus tenants add|remove``, read every
+``TENANTS_REFRESH_SECS``): a removed tenant's tokens get 401. A request's tenant is
 the one its token names, never anything in the body, and is recorded as the dispatch's source
 (``tenant:<name>`` on the event published to the events stream and on audit records), and
 scopes its sessions: a request's session id ``S`` is dispatched as ``<tenant>/S``
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -43,6 +51,8 @@ import os
 import re
 import secrets
 import signal
+import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -53,6 +63,7 @@ import msgspec
 
 from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookEvent
+from bus.keys import check_tenant
 from bus.protocol import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -79,7 +90,9 @@ DEFAULT_PORT = 8787
 #: How long a ``/claude-code`` call may take, unless ``--timeout-ms`` says otherwise (the
 #: ``DecisionRequest`` default).
 DEFAULT_TIMEOUT_MS = 30_000
-TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+#: Tenant names as ``hookbus tenants`` takes them (bus/keys.py): a token's tenant must be one
+#: the bus can serve.
+TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 JSON = "application/json"
 _EVENT_NAMES = frozenset(event.value for event in HookEvent)
@@ -122,7 +135,9 @@ class Tokens:
     entries: tuple[tuple[str, bytes], ...]  # (tenant, SHA-256 of its token)
 
     @classmethod
-    def load(cls, path: str | Path | None) -> Tokens:
+    def load(cls, path: str | Path | None, *, empty: bool = False) -> Tokens:
+        """The tokens of the file at ``path``; a ConfigError naming the line for a file that
+        cannot be used, and for one that holds no token unless ``empty``."""
         if not path:
             raise ConfigError(
                 "the gateway needs a token file: --tokens FILE or HOOKBUS_GATEWAY_TOKENS, one "
@@ -131,7 +146,7 @@ class Tokens:
             )
         try:
             text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read the token file {path}: {exc}") from exc
         entries = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -141,11 +156,12 @@ class Tokens:
             tenant, _, hexdigest = line.partition(":")
             if not TENANT.match(tenant) or not SHA256_HEX.match(hexdigest.lower()):
                 raise ConfigError(
-                    f"{path}:{number}: expected `tenant:sha256hex` (tenant: 1-128 of A-Z a-z "
-                    "0-9 _ . -; the 64 hex digits of the token's SHA-256)"
+                    f"{path}:{number}: expected `tenant:sha256hex` (tenant: 1-64 of A-Z a-z "
+                    "0-9 _ -, as `hookbus tenants add` takes it; the 64 hex digits of the "
+                    "token's SHA-256)"
                 )
             entries.append((tenant, bytes.fromhex(hexdigest)))
-        if not entries:
+        if not entries and not empty:
             raise ConfigError(f"the token file {path} holds no token")
         return cls(tuple(entries))
 
@@ -169,7 +185,76 @@ class Tokens:
         return found
 
 
-# -- tenants' sessions --------------------------------------------------------------------------
+class TokenFile:
+    """The token file, read again when it changes: its identity, size and times are checked
+    (``check()``); a changed file that cannot be used (unreadable, a line that is not
+    ``tenant:sha256hex``) leaves the tokens read before in force, logged as an error, until it
+    is fixed. A file that holds no token (every one revoked) is used: every request gets 401."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._seen = self._signature()
+        self.tokens = Tokens.load(self.path)
+
+    def _signature(self) -> tuple[int, ...] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def check(self) -> bool:
+        """Read the file again if it changed; True if the tokens did."""
+        seen = self._signature()
+        if seen == self._seen:
+            return False
+        self._seen = seen
+        try:
+            tokens = Tokens.load(self.path, empty=True)
+        except ConfigError as exc:
+            _failures.error(
+                "the token file changed but cannot be used; the %d token(s) read before stay "
+                "in force (a token taken out of it is accepted until it is fixed): %s",
+                len(self.tokens.entries), exc, key="token file",
+            )  # fmt: skip
+            return False
+        if tokens == self.tokens:
+            return False
+        before = {t for t, _ in self.tokens.entries}
+        self.tokens = tokens
+        tenants = {t for t, _ in tokens.entries}
+        log.info(
+            "token file %s read again: %d token(s) of %d tenant(s)%s",
+            self.path, len(tokens.entries), len(tenants),
+            f"; no token left for {', '.join(sorted(before - tenants))}"
+            if before - tenants else "",
+        )  # fmt: skip
+        return True
+
+
+# -- tenants the bus serves ---------------------------------------------------------------------
+
+
+class ServedTenants:
+    """The tenants the bus serves (``{p}:tenants``, which ``hookbus tenants add|remove`` keeps
+    and the coordinator service follows too), as last read. Until a first read (Redis down at
+    start) every tenant with a token counts as served: the dispatch then decides under the
+    hooks' failure policies, where a 401 would make Claude Code run the tool unchecked. While
+    Redis cannot be read, the last list read stays in force."""
+
+    def __init__(self) -> None:
+        self.names: frozenset[str] | None = None
+
+    def serves(self, tenant: str) -> bool:
+        return self.names is None or tenant in self.names
+
+    async def read(self, redis: Any, key: str) -> None:
+        members = await redis.smembers(key)
+        names = frozenset(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        if self.names is not None:
+            for gone in sorted(self.names - names):
+                log.info("tenant %s removed: its tokens get 401", gone)
+        self.names = names
 
 
 # -- the gateway, without its HTTP framework -------------------------------------------------
@@ -189,19 +274,29 @@ def _json(status: int, value: Any, **headers: str) -> Answer:
 UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="hookbus"'}
 
 
+#: The longest session id ``/v1/sessions/{id}/cancel`` takes (characters).
+MAX_SESSION_ID = 1024
+
+
 class Gateway:
     """What each endpoint answers; ``app()`` puts it behind Starlette."""
+
+    #: How often the tenants the bus serves are read again, and the token file checked.
+    TENANTS_REFRESH_SECS = 0.5
+    TOKENS_CHECK_SECS = 1.0
 
     def __init__(
         self,
         coordinator: Coordinator,
-        tokens: Tokens,
+        tokens: Tokens | TokenFile,
         *,
         max_body: int = MAX_MESSAGE_BYTES,
         claude_timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> None:
         self.coordinator = coordinator
-        self.tokens = tokens
+        self.token_file = tokens if isinstance(tokens, TokenFile) else None
+        self._tokens = tokens if isinstance(tokens, Tokens) else tokens.tokens
+        self.tenants = ServedTenants()
         self.max_body = max_body
         self.claude_timeout_ms = claude_timeout_ms
         self.stats = {
@@ -214,7 +309,40 @@ class Gateway:
             "failed_closed": 0,
             "refused": 0,
             "no_counterpart": 0,
+            "not_served": 0,
+            "cancelled": 0,
         }
+
+    @property
+    def tokens(self) -> Tokens:
+        return self.token_file.tokens if self.token_file is not None else self._tokens
+
+    async def read_tenants(self) -> None:
+        """Read the tenants the bus serves (Redis unreachable: the last list read stays)."""
+        from redis.exceptions import RedisError
+
+        try:
+            async with asyncio.timeout(2.0):
+                await self.tenants.read(self.coordinator.redis, self.coordinator.keys.tenants)
+        except (RedisError, OSError, TimeoutError) as exc:
+            _failures.warning("cannot read the tenants the bus serves: %r", exc, key="tenants")
+
+    async def keep_current(self) -> None:
+        """Follow ``{p}:tenants`` and the token file until cancelled."""
+        next_check = time.monotonic() + self.TOKENS_CHECK_SECS
+        while True:
+            await asyncio.sleep(self.TENANTS_REFRESH_SECS)
+            try:
+                await self.read_tenants()
+                if self.token_file is not None and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.TOKENS_CHECK_SECS
+                    self.token_file.check()
+            except Exception:  # following them outlives anything: a revocation must land
+                _failures.error("following the tenants and tokens failed", exc_info=True)
+
+    def unserved(self) -> list[str]:
+        """The tenants with a token that the bus does not serve."""
+        return sorted({t for t, _ in self.tokens.entries if not self.tenants.serves(t)})
 
     def error_reply(self, status: int, error: str, request_id: str = "", where: str = "") -> Answer:
         reply = DecisionReply(
@@ -223,11 +351,21 @@ class Gateway:
         )  # fmt: skip
         return _json(status, reply, **(UNAUTHORIZED if status == 401 else {}))
 
-    def authorize(self, authorization: str | None) -> str | None:
+    def authorize(self, authorization: str | None) -> tuple[str | None, str]:
+        """The request's tenant, or None and why not: no valid token, or one whose tenant the
+        bus does not serve (removed, or never added)."""
         tenant = self.tokens.tenant(authorization)
         if tenant is None:
             self.stats["unauthorized"] += 1
-        return tenant
+            return None, "a valid bearer token is needed"
+        if not self.tenants.serves(tenant):
+            self.stats["not_served"] += 1
+            _failures.warning(
+                "refused a request of tenant %s: not a tenant the bus serves (hookbus tenants "
+                "add %s)", tenant, tenant, key=f"unserved {tenant}",
+            )  # fmt: skip
+            return None, "the token's tenant is not served (hookbus tenants list)"
+        return tenant, ""
 
     def too_large(self, what: str) -> str:
         self.stats["too_large"] += 1
@@ -318,6 +456,31 @@ class Gateway:
         self.stats["bad_requests"] += 1
         return _json(status, {"error": str(exc), "field": getattr(exc, "field", "")})
 
+    async def cancel(self, tenant: str, session_id: str) -> Answer:
+        """``POST /v1/sessions/{id}/cancel``: cancel the tenant's own session ``<tenant>/id``
+        (as the coordinator service does a tenant's cancel request): every later PreToolUse of
+        it is blocked until the cancellation's TTL ends. Only adds: nothing here lifts one."""
+        from redis.exceptions import RedisError
+
+        from bus.redis_io import cancel_session
+
+        if not session_id or len(session_id) > MAX_SESSION_ID:
+            self.stats["bad_requests"] += 1
+            error = f"a session id is 1-{MAX_SESSION_ID} characters"
+            return _json(400, {"error": error, "field": "session_id"})
+        session = f"{tenant}/{session_id}"
+        by = f"tenant:{tenant}"
+        coordinator = self.coordinator
+        try:
+            await cancel_session(
+                coordinator.redis, coordinator.keys, session, coordinator.bus.session_ttl_secs, by
+            )
+        except (RedisError, OSError) as exc:
+            return _json(503, {"error": f"not cancelled: Redis: {exc!r}"})
+        self.stats["cancelled"] += 1
+        log.info("session %s cancelled by %s", session, by)
+        return _json(200, {"cancelled": session})
+
     async def health(self) -> Answer:
         """``GET /healthz``: 200 while Redis answers (within 1 s), else 503."""
         from redis.exceptions import RedisError
@@ -360,20 +523,26 @@ def app(gateway: Gateway) -> Starlette:
         return Response(answer.body, answer.status, answer.headers, media_type=JSON)
 
     async def decisions(request: Request) -> Response:
-        tenant = gateway.authorize(request.headers.get("authorization"))
+        tenant, why = gateway.authorize(request.headers.get("authorization"))
         if tenant is None:
-            return respond(gateway.error_reply(401, "a valid bearer token is needed"))
+            return respond(gateway.error_reply(401, why))
         body, whole = await _read(request, gateway.max_body)
         if not whole:
             return respond(gateway.error_reply(413, gateway.too_large("the request")))
         return respond(await gateway.decisions(tenant, body))
 
     async def claude_code(request: Request) -> Response:
-        tenant = gateway.authorize(request.headers.get("authorization"))
+        tenant, why = gateway.authorize(request.headers.get("authorization"))
         if tenant is None:
-            return respond(_json(401, {"error": "a valid bearer token is needed"}, **UNAUTHORIZED))
+            return respond(_json(401, {"error": why}, **UNAUTHORIZED))
         body, whole = await _read(request, gateway.max_body)
         return respond(await gateway.claude_code(tenant, body, whole=whole))
+
+    async def cancel(request: Request) -> Response:
+        tenant, why = gateway.authorize(request.headers.get("authorization"))
+        if tenant is None:
+            return respond(_json(401, {"error": why}, **UNAUTHORIZED))
+        return respond(await gateway.cancel(tenant, request.path_params["session_id"]))
 
     async def health(request: Request) -> Response:
         return respond(await gateway.health())
@@ -381,9 +550,18 @@ def app(gateway: Gateway) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         await gateway.coordinator.start()
+        await gateway.read_tenants()
+        if unserved := gateway.unserved():
+            log.warning(
+                "token(s) of %s, not tenants the bus serves: answered 401 until an operator "
+                "runs hookbus tenants add NAME", ", ".join(unserved),
+            )  # fmt: skip
+        follower = asyncio.create_task(gateway.keep_current())
         try:
             yield
         finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
             await gateway.coordinator.close()
             log.info("gateway stopped: %s", gateway.stats)
 
@@ -391,6 +569,7 @@ def app(gateway: Gateway) -> Starlette:
         routes=[
             Route("/v1/decisions", decisions, methods=["POST"]),
             Route("/claude-code", claude_code, methods=["POST"]),
+            Route("/v1/sessions/{session_id:path}/cancel", cancel, methods=["POST"]),
             Route("/healthz", health, methods=["GET"]),
         ],
         lifespan=lifespan,
@@ -429,6 +608,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "mode 0600) and print the token",
     )  # fmt: skip
     parser.add_argument(
+        "--revoke-token", metavar="TENANT|SHA256",
+        help="do not serve: take every token of TENANT (or the one whose SHA-256 is given) out "
+        "of the token file; a running gateway answers it 401 within "
+        f"{Gateway.TOKENS_CHECK_SECS:g} s",
+    )  # fmt: skip
+    parser.add_argument(
         "--check", action="store_true",
         help="health check, do not serve: exit 0 if GET /healthz on --host/--port answers 200, "
         "else 1, with one line",
@@ -438,12 +623,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """``hookbus gateway``: serve until SIGTERM or Ctrl-C (or ``--new-token``, ``--check``)."""
     if args.new_token is not None:
-        return _new_token(args.tokens, args.new_token)
+        code = _new_token(args.tokens, args.new_token)
+        _serve_tenant(args, args.new_token)
+        return code
+    if args.revoke_token is not None:
+        return _revoke_token(args.tokens, args.revoke_token)
     if args.check:
         return _check(args.host, args.port)
     if args.timeout_ms <= 0 or args.max_body <= 0:
         raise ConfigError("--timeout-ms and --max-body must be positive")
-    tokens = Tokens.load(args.tokens)
+    if not args.tokens:
+        Tokens.load(args.tokens)  # the ConfigError that says what to give
+    tokens = TokenFile(args.tokens)
     settings = BusSettings.from_env(redis_url=args.redis)
     if args.prefix:
         settings = msgspec.structs.replace(settings, prefix=args.prefix)
@@ -453,13 +644,96 @@ def run(args: argparse.Namespace) -> int:
 def _new_token(path: str | None, tenant: str) -> int:
     if not path:
         raise ConfigError("--new-token needs --tokens FILE (or HOOKBUS_GATEWAY_TOKENS)")
-    if not TENANT.match(tenant):
-        raise ConfigError(f"tenant {tenant!r}: 1-128 characters of A-Z a-z 0-9 _ . -")
+    check_tenant(tenant)
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(f"{tenant}:{digest(token)}\n")
     print(token)
+    return 0
+
+
+def _serve_tenant(args: argparse.Namespace, tenant: str) -> None:
+    """After ``--new-token``: make ``tenant`` one the bus serves (``hookbus tenants add``), if
+    it is not yet, so that its token is answered. Redis unreachable or the credential not
+    allowed: said on stderr; the token is written, and gets 401 until an operator adds it."""
+    from redis.exceptions import RedisError
+
+    from bus.keys import Keys
+    from bus.redis_io import connect
+    from workers.cli.common import announce_redis, redis_url, settings_of
+    from workers.operator import add_tenant
+
+    settings = settings_of(args)
+    announce_redis(args, settings)
+    keys = Keys.of(settings)
+
+    async def serve() -> bool:
+        redis = connect(settings)
+        try:
+            served = {m.decode() if isinstance(m, bytes) else m
+                      for m in await redis.smembers(keys.tenants)}  # fmt: skip
+            return tenant not in served and await add_tenant(
+                redis, keys, tenant, "hookbus gateway --new-token"
+            )
+        finally:
+            await redis.aclose()
+
+    try:
+        added = asyncio.run(serve())
+    except (RedisError, OSError) as exc:
+        print(
+            f"hookbus: warning: the token is written, but tenant {tenant} could not be made one "
+            f"the bus serves (Redis at {redis_url(args)}: {exc}): its requests get 401 until an "
+            f"operator runs: hookbus tenants add {tenant}",
+            file=sys.stderr,
+        )
+        return
+    if added:
+        print(
+            f"hookbus: tenant {tenant} added to the tenants the bus serves ({keys.tenants}); "
+            f"hookbus tenants remove {tenant} ends that",
+            file=sys.stderr,
+        )
+
+
+def _revoke_token(path: str | None, which: str) -> int:
+    """Take the tokens of a tenant, or the one of a digest, out of the token file: rewritten
+    whole and renamed over it, so that a gateway reading it never sees half a file."""
+    if not path:
+        raise ConfigError("--revoke-token needs --tokens FILE (or HOOKBUS_GATEWAY_TOKENS)")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode & 0o777
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc}") from exc
+    kept, revoked = [], []
+    for line in text.splitlines(keepends=True):
+        tenant, _, hexdigest = line.strip().partition(":")
+        if line.strip() and (tenant == which or hexdigest.lower() == which.lower()):
+            revoked.append(tenant)
+        else:
+            kept.append(line)
+    if not revoked:
+        raise ConfigError(f"no token of tenant {which!r} (nor with that SHA-256) in {path}")
+    temporary = f"{path}.{os.getpid()}.new"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("".join(kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    whose = ", ".join(sorted(set(revoked)))
+    print(
+        f"revoked {len(revoked)} token{'' if len(revoked) == 1 else 's'} of {whose}: a running "
+        f"gateway answers {'it' if len(revoked) == 1 else 'them'} 401 within "
+        f"{Gateway.TOKENS_CHECK_SECS:g} s"
+    )
     return 0
 
 
@@ -499,9 +773,12 @@ def _serve(settings: BusSettings, tokens: Tokens, args: argparse.Namespace) -> i
         access_log=False, server_header=False,
     )  # fmt: skip
     server = uvicorn.Server(config)
+    from workers.cli.common import describe_redis
+
     log.info(
-        "gateway on http://%s:%d for %d token(s), Redis prefix %s",
-        args.host, args.port, len(tokens.entries), settings.prefix,
+        "gateway on http://%s:%d for %d token(s), %s, prefix %s",
+        args.host, args.port, len(tokens.tokens.entries), describe_redis(settings.redis_url),
+        settings.prefix,
     )  # fmt: skip
 
     def stopped(signum: int, frame: object) -> None:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HookBusError as exc:
         print(f"hookbus: {exc}", file=sys.stderr)
         return 2
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+    except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
         print(f"hookbus: cannot reach Redis at {redis_url(args)}: {exc}", file=sys.stderr)
         return 2
     except RedisError as exc:

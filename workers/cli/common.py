@@ -1,13 +1,16 @@
 """What every ``hookbus`` command shares: settings from the options, one Redis client per
-command, serving until a signal, one-line errors, and the Redis URL without its password."""
+command (and one line on stderr naming that Redis), serving until a signal, one-line errors,
+and the Redis URL without its password."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
+import os
 import re
 import signal
+import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -92,6 +95,7 @@ def with_redis(
     from bus.redis_io import connect
 
     settings = settings_of(args)
+    announce_redis(args, settings)
 
     async def run() -> T:
         redis = connect(settings)
@@ -139,6 +143,54 @@ def redacted(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = f"{parts.username}:***@" if parts.username else ":***@"
     return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def describe_redis(url: str) -> str:
+    """Where ``url`` leads, for people: host and port (or socket), db, user; never a password.
+    ``Redis at 127.0.0.1:6379 db 0, user default``; ``Redis at h:6380 (TLS) db 2, user
+    operator with a password``; ``the Redis Cluster seeded by h:7000, user default``."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query)
+    user = urllib.parse.unquote(parts.username or "") or query.get("username", [""])[0]
+    secret = parts.password is not None or "password" in query
+    who = f"user {user or 'default'}" + (" with a password" if secret else "")
+    if parts.scheme == "unix":
+        db = query.get("db", ["0"])[0]
+        return f"Redis at the socket {parts.path} db {db}, {who}"
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port = 6379
+    where = f"{parts.hostname or 'localhost'}:{port}"
+    if parts.scheme.startswith("rediss"):
+        where += " (TLS)"
+    if parts.scheme.endswith("+cluster"):
+        return f"the Redis Cluster seeded by {where}, {who}"
+    db = parts.path.strip("/") or query.get("db", ["0"])[0]
+    return f"Redis at {where} db {db}, {who}"
+
+
+def redis_source(args: argparse.Namespace) -> str:
+    """Which setting chose the Redis URL a command uses."""
+    if getattr(args, "redis", None):
+        return "--redis"
+    variable = "HOOKBUS_REDIS_URL"
+    for name in (variable, f"{variable}_FILE"):  # the URL, or a file holding it
+        if os.environ.get(name):
+            return name
+    return "the default: neither --redis nor HOOKBUS_REDIS_URL is set"
+
+
+_announced: set[str] = set()
+
+
+def announce_redis(args: argparse.Namespace, settings: BusSettings) -> None:
+    """Say on stderr, once per process, which Redis the command talks to (stdout stays the
+    command's own): a command pointed at another Redis than meant reads "no hooks" there."""
+    line = f"hookbus: talking to {describe_redis(settings.redis_url)} ({redis_source(args)})"
+    if line not in _announced:
+        _announced.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def redis_url(args: argparse.Namespace) -> str:

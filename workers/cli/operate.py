@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 from bus.errors import ConfigError
 from bus.settings import BusSettings
-from workers.cli.common import UsageError, add_redis_options, duration, settings_of, with_redis
+from workers.cli.common import (
+    UsageError,
+    add_redis_options,
+    announce_redis,
+    duration,
+    settings_of,
+    with_redis,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -31,6 +38,7 @@ def _replay(args: argparse.Namespace) -> int:
     from workers.replay import check_replayable, replay_dead_letters, replay_range
 
     settings = settings_of(args)
+    announce_redis(args, settings)
 
     async def replay() -> int:
         redis = connect(settings)
@@ -354,7 +362,8 @@ def _dlq_purge(args: argparse.Namespace) -> int:
 
 
 def _tenants(args: argparse.Namespace) -> int:
-    """Which tenants (untrusted agents, each with its own Redis user) the coordinator answers."""
+    """Which tenants (untrusted agents: each with its own Redis user, or gateway tokens) the
+    coordinator service and the gateway answer."""
     from workers.operator import add_tenant, list_tenants, remove_tenant
 
     if args.action != "list" and not args.name:
@@ -370,12 +379,14 @@ def _tenants(args: argparse.Namespace) -> int:
                 f"tenant {args.name} "
                 + ("added" if added else "was already served")
                 + f": the coordinator service answers {keys.tenant_decisions(args.name)} "
-                f"(its Redis user: tenant-{args.name}, from hookbus acl --tenants)"
+                f"(its Redis user: tenant-{args.name}, from hookbus acl --tenants), and the "
+                "gateway its tokens, within 2 s"
             )
         else:
             removed = await remove_tenant(redis, keys, args.name, args.by)
             print(
-                f"tenant {args.name} removed: its requests are no longer answered"
+                f"tenant {args.name} removed: within 2 s its requests are no longer answered "
+                "(the gateway answers its tokens 401)"
                 if removed
                 else f"tenant {args.name} was not served"
             )
@@ -532,7 +543,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tenants = add_redis_options(
         sub.add_parser(
             "tenants",
-            help="the untrusted tenants the coordinator service answers (add, remove, list)",
+            help="the untrusted tenants the coordinator service and the gateway answer (add, "
+            "remove, list)",
         )
     )
     tenants.add_argument("action", choices=["add", "remove", "list"])
