@@ -1,0 +1,85 @@
+"""One offline Claude Code session behind HookBus: run by tests/test_claude_code_cli.py inside
+a network namespace of its own (``unshare -n``, loopback only), so nothing leaves the machine.
+
+``python -m tests.claude_cli_scenario OUT_DIR``: starts a private redis-server, the demo
+``Redactor`` as a hook service (``hookbus worker``), ``hookbus gateway``, and a Messages-API
+stand-in (tests/messages_standin.py) whose script makes Claude Code ``Read`` a file holding an
+API key and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs one turn
+(``claude -p``) with an ``http`` PostToolUse hook to the gateway. Writes ``OUT_DIR/report.json``:
+every request the stand-in got (what the model saw), Claude Code's exit status and output, and
+the services' logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from bus.settings import BusSettings
+from tests.harness import ROOT, Processes
+from tests.messages_standin import StandIn
+from tests.test_gateway import live, start_gateway
+from workers.redis_server import RedisServer
+
+CLAUDE = ROOT / "tests" / "claude_cli" / "node_modules" / ".bin" / "claude"
+SECRET = "sk-live-4f9a2b7c1d8e"
+FILE = f"# settings\nREGION=eu-west-1\nAPI_KEY={SECRET}\nDEBUG=false\n"
+
+
+def main(out: Path) -> None:
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    project, home = out / "project", out / "home"
+    project.mkdir(exist_ok=True)
+    home.mkdir(exist_ok=True)
+    config = project / "config.env"
+    config.write_text(FILE)
+    procs = Processes(out / "logs")
+    report: dict[str, object] = {}
+    with RedisServer() as redis, StandIn(str(config)) as model:
+        try:
+            settings = BusSettings(
+                redis_url=redis.url, prefix=f"t{uuid.uuid4().hex[:10]}", heartbeat_secs=0.2,
+                liveness_secs=1.0, claim_idle_secs=0.5, refresh_secs=0.2,
+            )  # fmt: skip
+            procs.worker(settings, "workers.demo_hooks:Redactor", "redactor")
+            live(settings, "Redactor")
+            gateway = start_gateway(procs, settings, out, tenant="claude-code")
+            hook = {
+                "type": "http", "url": f"http://127.0.0.1:{gateway.port}/claude-code",
+                "headers": {"Authorization": "Bearer $HOOKBUS_GATEWAY_TOKEN"},
+                "allowedEnvVars": ["HOOKBUS_GATEWAY_TOKEN"], "timeout": 35,
+            }  # fmt: skip
+            claude_settings = project / "hookbus-settings.json"
+            claude_settings.write_text(
+                json.dumps({"hooks": {"PostToolUse": [{"matcher": "*", "hooks": [hook]}]}})
+            )
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{model.port}",
+                "ANTHROPIC_API_KEY": "sk-ant-api03-offline-standin-key",
+                "HOOKBUS_GATEWAY_TOKEN": gateway.token,
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+                "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "TERM": "dumb",
+            }  # fmt: skip
+            ran = subprocess.run(
+                [str(CLAUDE), "-p", "What does config.env hold?", "--settings",
+                 str(claude_settings), "--allowedTools", "Read", "Bash", "--model",
+                 "claude-sonnet-4-5", "--output-format", "json"],
+                cwd=project, env=env, capture_output=True, text=True, timeout=240, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            report["claude"] = {"status": ran.returncode, "stdout": ran.stdout[-4000:],
+                                "stderr": ran.stderr[-4000:]}  # fmt: skip
+        finally:
+            procs.stop_all()
+            report["requests"] = model.requests
+            report["logs"] = procs.logs()[-20000:]
+            (out / "report.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
