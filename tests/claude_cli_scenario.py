@@ -1,13 +1,23 @@
 """One offline Claude Code session behind HookBus: run by tests/test_claude_code_cli.py inside
 a network namespace of its own (``unshare -n``, loopback only), so nothing leaves the machine.
 
-``python -m tests.claude_cli_scenario OUT_DIR``: starts a private redis-server, the demo
-``Redactor`` as a hook service (``hookbus worker``), ``hookbus gateway``, and a Messages-API
-stand-in (tests/messages_standin.py) whose script makes Claude Code ``Read`` a file holding an
-API key and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs one turn
-(``claude -p``) with an ``http`` PostToolUse hook to the gateway. Writes ``OUT_DIR/report.json``:
-every request the stand-in got (what the model saw), Claude Code's exit status and output, and
-the services' logs.
+``python -m tests.claude_cli_scenario OUT_DIR [MODE]``: starts a private redis-server, a
+redacting hook service (``hookbus worker``), ``hookbus gateway``, and a Messages-API stand-in
+(tests/messages_standin.py) whose script makes Claude Code ``Read`` a file holding an API key
+and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs one turn
+(``claude -p``) with a PostToolUse hook. MODE:
+
+``http``
+    the demo ``Redactor``; Claude Code's ``http`` hook to the gateway (the default);
+``bridge``
+    the demo ``Redactor``; a ``command`` hook running the bridge ``hookbus-claude-code``;
+``command-hook``
+    a Claude Code hook script that redacts by shape (``jq``), run unchanged by
+    ``workers.command_hook:CommandHook``, which logs the input it was given to
+    ``OUT_DIR/seen.jsonl``; the ``http`` hook.
+
+Writes ``OUT_DIR/report.json``: every request the stand-in got (what the model saw), Claude
+Code's exit status and output, and the services' logs.
 """
 
 from __future__ import annotations
@@ -28,9 +38,15 @@ from workers.redis_server import RedisServer
 CLAUDE = ROOT / "tests" / "claude_cli" / "node_modules" / ".bin" / "claude"
 SECRET = "sk-live-4f9a2b7c1d8e"
 FILE = f"# settings\nREGION=eu-west-1\nAPI_KEY={SECRET}\nDEBUG=false\n"
+#: A Claude Code PostToolUse hook script that redacts API keys within the strings of
+#: ``tool_response``, whatever its shape, and answers it in that shape; it keeps its input.
+SCRIPT = """input=$(cat); printf '%s\\n' "$input" >> {seen}
+printf '%s' "$input" | jq -c '{{hookSpecificOutput: {{hookEventName: "PostToolUse",
+  updatedToolOutput: (.tool_response | walk(if type == "string"
+    then gsub("API_KEY=[^\\\\s\\"]+"; "API_KEY=[redacted]") else . end))}}}}'"""
 
 
-def main(out: Path) -> None:
+def main(out: Path, mode: str = "http") -> None:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     project, home = out / "project", out / "home"
     project.mkdir(exist_ok=True)
@@ -45,14 +61,26 @@ def main(out: Path) -> None:
                 redis_url=redis.url, prefix=f"t{uuid.uuid4().hex[:10]}", heartbeat_secs=0.2,
                 liveness_secs=1.0, claim_idle_secs=0.5, refresh_secs=0.2,
             )  # fmt: skip
-            procs.worker(settings, "workers.demo_hooks:Redactor", "redactor")
-            live(settings, "Redactor")
+            if mode == "command-hook":
+                procs.worker(
+                    settings, "workers.command_hook:CommandHook", "command-hook",
+                    HOOKBUS_COMMAND=SCRIPT.format(seen=out / "seen.jsonl"),
+                    HOOKBUS_COMMAND_EVENTS="PostToolUse", HOOKBUS_COMMAND_NAME="RedactByShape",
+                    HOOKBUS_COMMAND_FAILURE_POLICY="fail",
+                )  # fmt: skip
+                live(settings, "RedactByShape")
+            else:
+                procs.worker(settings, "workers.demo_hooks:Redactor", "redactor")
+                live(settings, "Redactor")
             gateway = start_gateway(procs, settings, out, tenant="claude-code")
             hook = {
                 "type": "http", "url": f"http://127.0.0.1:{gateway.port}/claude-code",
                 "headers": {"Authorization": "Bearer $HOOKBUS_GATEWAY_TOKEN"},
                 "allowedEnvVars": ["HOOKBUS_GATEWAY_TOKEN"], "timeout": 35,
             }  # fmt: skip
+            if mode == "bridge":
+                bridge = Path(sys.executable).parent / "hookbus-claude-code"
+                hook = {"type": "command", "command": str(bridge), "timeout": 35}
             claude_settings = project / "hookbus-settings.json"
             claude_settings.write_text(
                 json.dumps({"hooks": {"PostToolUse": [{"matcher": "*", "hooks": [hook]}]}})
@@ -62,6 +90,7 @@ def main(out: Path) -> None:
                 "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{model.port}",
                 "ANTHROPIC_API_KEY": "sk-ant-api03-offline-standin-key",
                 "HOOKBUS_GATEWAY_TOKEN": gateway.token,
+                "HOOKBUS_GATEWAY_URL": f"http://127.0.0.1:{gateway.port}",
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
                 "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "TERM": "dumb",
             }  # fmt: skip
@@ -82,4 +111,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])

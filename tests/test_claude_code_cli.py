@@ -43,12 +43,14 @@ def prerequisites() -> None:
         pytest.fail(f"`unshare -n` is not allowed here (root or user namespaces): {probe.stderr}")
 
 
-def run_session(out: Path) -> dict[str, Any]:
+def run_session(out: Path, mode: str) -> dict[str, Any]:
     prerequisites()
+    if mode == "command-hook" and shutil.which("jq") is None:
+        pytest.fail("jq is not on PATH: the Claude Code hook script here uses it (apt install jq)")
     ran = subprocess.run(
         ["unshare", "-n", "--", "sh", "-c",
-         'ip link set lo up && exec "$0" -m tests.claude_cli_scenario "$1"',
-         sys.executable, str(out)],
+         'ip link set lo up && exec "$0" -m tests.claude_cli_scenario "$1" "$2"',
+         sys.executable, str(out), mode],
         cwd=ROOT, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert ran.returncode == 0, f"the scenario failed:\n{ran.stdout}\n{ran.stderr}"
@@ -56,8 +58,11 @@ def run_session(out: Path) -> dict[str, Any]:
     return report
 
 
-def test_claude_code_never_shows_the_model_a_redacted_secret(tmp_path: Path) -> None:
-    report = run_session(tmp_path)
+@pytest.mark.parametrize("mode", ["http", "bridge", "command-hook"])
+def test_claude_code_never_shows_the_model_a_redacted_secret(tmp_path: Path, mode: str) -> None:
+    """``http``/``bridge``: the demo Redactor, through Claude Code's http hook or the command
+    bridge; ``command-hook``: a Claude Code script that redacts by shape, behind CommandHook."""
+    report = run_session(tmp_path, mode)
     claude = report["claude"]
     why = f"claude: {claude}\nlogs:\n{report['logs']}"
     assert claude["status"] == 0, why
@@ -65,7 +70,16 @@ def test_claude_code_never_shows_the_model_a_redacted_secret(tmp_path: Path) -> 
     seen = tool_results(requests[-1])  # the last request holds both tool results
     assert seen.keys() == {READ_ID, BASH_ID}, why
     for tool_use_id, text in seen.items():
-        assert SECRET not in text, f"{tool_use_id}: the model saw the secret:\n{text}\n{why}"
+        assert SECRET not in text, f"{tool_use_id}: the model saw the secret:\n{text}"
         at = [text.find(line) for line in LINES]
-        assert -1 not in at and at == sorted(at), f"{tool_use_id}: lines lost:\n{text}\n{why}"
+        assert -1 not in at and at == sorted(at), f"{tool_use_id}: lines lost:\n{text}"
     assert SECRET not in json.dumps(requests), "the secret reached the model in some request"
+    if mode == "command-hook":  # the script was given Claude Code's own input, unchanged
+        session = json.loads(claude["stdout"])["session_id"]
+        seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
+        assert [s["tool_use_id"] for s in seen] == [READ_ID, BASH_ID]
+        for given in seen:
+            assert given["session_id"] == session and given["hook_event_name"] == "PostToolUse"
+            assert Path(given["transcript_path"]).name == f"{session}.jsonl", given
+            assert given["permission_mode"] and given["cwd"] == str(tmp_path / "project")
+            assert isinstance(given["tool_response"], dict), given
