@@ -21,7 +21,7 @@ from bus import AgentHook, HookEvent, HookRegistry
 from bus.actions import MutateOutput, PostToolUseAction, PostToolUseResult, Warn
 from bus.events import PostToolUseContext
 from bus.settings import HookSettings
-from tests.claude_code_types import INPUTS, check_input, check_output
+from tests.claude_code_types import INPUTS, ROOT, check_input, check_output, pre_tool_use
 from workers.claude_code import WITHHELD_TEXT, original_input, to_claude_code, to_hookbus
 from workers.command_hook import CommandHook
 from workers.demo_hooks import Redactor
@@ -218,3 +218,29 @@ async def test_a_script_that_answers_text_for_a_structured_output_fails_by_name(
     [skipped] = result.skipped
     assert skipped.hook_name == "text-script" and "structured output" in skipped.detail
     assert "updatedToolOutput" not in json.dumps(out)
+
+
+def doc_example() -> type[AgentHook]:
+    """docs/integrations.md's ReadGuard, exactly as the page shows it."""
+    page = (ROOT / "docs" / "integrations.md").read_text()
+    section = page.split("### Claude Code: hooks for its tools", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, Any] = {"__name__": "docs_read_guard"}
+    exec(compile(code, "docs/integrations.md", "exec"), scope)
+    hook: type[AgentHook] = scope["ReadGuard"]
+    return hook
+
+
+async def test_the_integrations_pages_read_hook_blocks_and_redacts_in_shape() -> None:
+    r = registry(doc_example()())
+    _, denied = await dispatch(r, pre_tool_use("Read", {"file_path": "/home/u/.ssh/id_ed25519"}))
+    assert denied["hookSpecificOutput"]["permissionDecision"] == "deny"
+    _, allowed = await dispatch(r, pre_tool_use("Read", {"file_path": "/work/app/cfg"}))
+    assert allowed == {}
+    token = FILE.replace(f"API_KEY={SECRET}", f"GITHUB_TOKEN={SECRET}")
+    message = {**READ, "tool_response": {**READ["tool_response"],
+               "file": {**READ["tool_response"]["file"], "content": token}}}  # fmt: skip
+    _, out = await dispatch(r, message)
+    updated = out["hookSpecificOutput"]["updatedToolOutput"]
+    assert updated["file"]["content"] == token.replace(SECRET, "[redacted]")
+    assert {**updated, "file": None} == {**message["tool_response"], "file": None}
