@@ -15,9 +15,15 @@ Towards HookBus (``hookbus gateway``'s ``POST /claude-code``, and so the command
   if no hook had answered);
 * ``to_claude_code(call, result)``: the aggregated HookBus result → Claude Code's hook output.
 
+A structured ``tool_response`` (Read's and Bash's are objects) reaches hooks as it came
+(``PostToolUseContext.output_value``) and a rewrite goes back in its shape: Claude Code ignores
+an ``updatedToolOutput`` of another shape and shows the original. Claude Code's own input
+travels with every context (``agent_input``).
+
 Towards Claude Code's own hook scripts (``workers.command_hook:CommandHook``):
 
-* ``hook_input(event, ctx, …)``: a HookBus context → the input a Claude Code hook script reads;
+* ``hook_input(event, ctx, …)``: a HookBus context → the input a Claude Code hook script reads
+  (Claude Code's own, unchanged, when the context came from Claude Code: ``original_input``);
 * ``from_command(event, ctx, status, stdout, stderr)``: what the script did → the hook's answer.
 """
 
@@ -672,6 +678,7 @@ __all__ = [
     "fail_closed",
     "from_command",
     "hook_input",
+    "original_input",
     "refused",
     "to_claude_code",
     "to_hookbus",
