@@ -15,6 +15,9 @@ and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs on
     a Claude Code hook script that redacts by shape (``jq``), run unchanged by
     ``workers.command_hook:CommandHook``, which logs the input it was given to
     ``OUT_DIR/seen.jsonl``; the ``http`` hook.
+``refused``
+    the demo ``Redactor`` and the ``http`` hook, but a gateway whose ``--max-body`` is smaller
+    than the hook input: HookBus refuses it unread (protocol.md 5.6) and must fail closed.
 
 Writes ``OUT_DIR/report.json``: every request the stand-in got (what the model saw), Claude
 Code's exit status and output, and the services' logs.
@@ -52,7 +55,9 @@ def main(out: Path, mode: str = "http") -> None:
     project.mkdir(exist_ok=True)
     home.mkdir(exist_ok=True)
     config = project / "config.env"
-    config.write_text(FILE)
+    # refused: more settings, so that the hook input is over the gateway's --max-body
+    padding = "".join(f"OPTION_{i}=on\n" for i in range(200)) if mode == "refused" else ""
+    config.write_text(FILE + padding)
     procs = Processes(out / "logs")
     report: dict[str, object] = {}
     with RedisServer() as redis, StandIn(str(config)) as model:
@@ -72,7 +77,8 @@ def main(out: Path, mode: str = "http") -> None:
             else:
                 procs.worker(settings, "workers.demo_hooks:Redactor", "redactor")
                 live(settings, "Redactor")
-            gateway = start_gateway(procs, settings, out, tenant="claude-code")
+            limit = ["--max-body", "2048"] if mode == "refused" else []
+            gateway = start_gateway(procs, settings, out, *limit, tenant="claude-code")
             hook = {
                 "type": "http", "url": f"http://127.0.0.1:{gateway.port}/claude-code",
                 "headers": {"Authorization": "Bearer $HOOKBUS_GATEWAY_TOKEN"},

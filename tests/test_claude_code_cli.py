@@ -58,6 +58,20 @@ def run_session(out: Path, mode: str) -> dict[str, Any]:
     return report
 
 
+def test_output_hookbus_could_not_read_stops_claude_before_the_model_sees_it(
+    tmp_path: Path,
+) -> None:
+    """The gateway refuses the Read's hook input unread (over its --max-body): the withheld
+    text could not replace Read's object, so Claude Code is stopped (``continue: false``)."""
+    report = run_session(tmp_path, "refused")
+    claude = report["claude"]
+    assert claude["status"] == 0, claude
+    assert json.loads(claude["stdout"])["terminal_reason"] == "hook_stopped", claude
+    requests = [r["body"] for r in report["requests"]]
+    assert not any(tool_results(r) for r in requests), "a tool's output reached the model"
+    assert SECRET not in json.dumps(requests)
+
+
 @pytest.mark.parametrize("mode", ["http", "bridge", "command-hook"])
 def test_claude_code_never_shows_the_model_a_redacted_secret(tmp_path: Path, mode: str) -> None:
     """``http``/``bridge``: the demo Redactor, through Claude Code's http hook or the command

@@ -244,3 +244,15 @@ async def test_the_integrations_pages_read_hook_blocks_and_redacts_in_shape() ->
     updated = out["hookSpecificOutput"]["updatedToolOutput"]
     assert updated["file"]["content"] == token.replace(SECRET, "[redacted]")
     assert {**updated, "file": None} == {**message["tool_response"], "file": None}
+
+
+def test_a_refused_post_tool_use_stops_claude_as_well_as_withholding_the_text() -> None:
+    """Unread, the tool_response's shape is unknown: a withheld text would be ignored for an
+    object, so Claude is stopped before the output reaches the model."""
+    from workers.claude_code import refused
+
+    out = refused("PostToolUse", "the hook input is over the 2048-byte limit")
+    assert out is not None
+    check_output(out)
+    assert out["continue"] is False and "2048-byte limit" in out["stopReason"]
+    assert out["hookSpecificOutput"]["updatedToolOutput"].startswith("[output withheld by HookBus")

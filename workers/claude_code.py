@@ -471,7 +471,9 @@ def refused(claude_event: str, why: str) -> dict[str, Any] | None:
     call denied (PreToolUse, PermissionRequest), the tool's output withheld (PostToolUse),
     ``{}`` for the events that gate nothing; None if ``claude_event`` is not one HookBus knows.
     Claude Code takes every answer but a 2xx as a non-blocking error and runs the tool, so this
-    is what the gateway answers, with 200."""
+    is what the gateway answers, with 200. A PostToolUse also stops Claude (``continue: false``):
+    the withheld text cannot replace a structured ``tool_response``, whose shape is unknown
+    here."""
     event = EVENTS.get(claude_event)
     if event is None:
         return None
@@ -479,7 +481,13 @@ def refused(claude_event: str, why: str) -> dict[str, Any] | None:
     ctx = _BLANK.get(claude_event)
     if ctx is None or result is None:
         return {}
-    return to_claude_code(Call(claude_event, event, ctx), result)
+    answer = to_claude_code(Call(claude_event, event, ctx), result)
+    if event is HookEvent.POST_TOOL_USE:
+        # The withheld text replaces a text tool_response only: Claude Code ignores it for a
+        # structured one (Read's, Bash's) and would show the output unread. Unread, its shape is
+        # unknown: Claude is stopped before the output reaches the model.
+        answer = {"continue": False, "stopReason": f"HookBus: {why}; output withheld", **answer}
+    return answer
 
 
 def fail_closed(call: Call, reason: str) -> dict[str, Any] | None:
