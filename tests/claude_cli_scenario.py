@@ -35,7 +35,7 @@ from pathlib import Path
 from bus.settings import BusSettings
 from tests.harness import ROOT, Processes
 from tests.messages_standin import StandIn
-from tests.test_gateway import live, start_gateway
+from tests.test_gateway import live, published_once, start_gateway
 from workers.redis_server import RedisServer
 
 CLAUDE = ROOT / "tests" / "claude_cli" / "node_modules" / ".bin" / "claude"
@@ -88,9 +88,10 @@ def main(out: Path, mode: str = "http") -> None:
                 bridge = Path(sys.executable).parent / "hookbus-claude-code"
                 hook = {"type": "command", "command": str(bridge), "timeout": 35}
             claude_settings = project / "hookbus-settings.json"
-            claude_settings.write_text(
-                json.dumps({"hooks": {"PostToolUse": [{"matcher": "*", "hooks": [hook]}]}})
-            )
+            # SessionStart too: Claude Code skips an http hook there, not a command hook
+            hooks = {"PostToolUse": [{"matcher": "*", "hooks": [hook]}],
+                     "SessionStart": [{"hooks": [hook]}]}  # fmt: skip
+            claude_settings.write_text(json.dumps({"hooks": hooks}))
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
                 "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{model.port}",
@@ -109,6 +110,10 @@ def main(out: Path, mode: str = "http") -> None:
             )  # fmt: skip
             report["claude"] = {"status": ran.returncode, "stdout": ran.stdout[-4000:],
                                 "stderr": ran.stderr[-4000:]}  # fmt: skip
+            if mode != "refused":  # the events HookBus saw, once both PostToolUse ones are in
+                posts = lambda found: sum(e.event == "PostToolUse" for e in found) >= 2  # noqa: E731
+                found = published_once(settings, posts, "both PostToolUse events")
+                report["events"] = [e.event.value for e in found]
         finally:
             procs.stop_all()
             report["requests"] = model.requests

@@ -88,6 +88,9 @@ def test_claude_code_never_shows_the_model_a_redacted_secret(tmp_path: Path, mod
         at = [text.find(line) for line in LINES]
         assert -1 not in at and at == sorted(at), f"{tool_use_id}: lines lost:\n{text}"
     assert SECRET not in json.dumps(requests), "the secret reached the model in some request"
+    # Claude Code skips http hooks at SessionStart (docs/integrations.md): the bridge gets it
+    starts = report["events"].count("OnSessionStart")
+    assert starts == (1 if mode == "bridge" else 0), report["events"]
     if mode == "command-hook":  # the script was given Claude Code's own input, unchanged
         session = json.loads(claude["stdout"])["session_id"]
         seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
