@@ -58,6 +58,7 @@ from bus.ratelog import RateLimitedLog
 from bus.settings import HookSettings
 
 log = logging.getLogger("hookbus.dispatch")
+_failures = RateLimitedLog(log)
 
 
 def _shaped(ctx: PostToolUseContext, o: Outcome) -> Outcome:
@@ -65,8 +66,6 @@ def _shaped(ctx: PostToolUseContext, o: Outcome) -> Outcome:
     why = rewrite_error(ctx, o.action)
     return o if why is None else Outcome(o.spec, None, "error", why, o.elapsed)
 
-
-_failures = RateLimitedLog(log)
 
 #: The context being dispatched in this task and its JSON, made once when it was inspected.
 _inspected: ContextVar[tuple[object, bytes]] = ContextVar("hookbus_inspected", default=(None, b""))

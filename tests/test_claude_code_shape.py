@@ -144,6 +144,7 @@ async def test_output_that_lost_its_shape_after_the_hooks_is_withheld_in_its_sha
     updated = out["hookSpecificOutput"]["updatedToolOutput"]
     assert updated["file"]["content"] == WITHHELD_TEXT and updated["file"]["numLines"] == 4
     assert SECRET not in json.dumps(out) and out["decision"] == "block"
+    assert "no longer had the shape" in out["reason"]
 
 
 @pytest.mark.parametrize("name", [*INPUTS, "Read"])

@@ -53,7 +53,7 @@ from bus.actions import (
     Warn,
     shape_mismatch,
 )
-from bus.aggregation import refusal
+from bus.aggregation import WITHHELD, refusal
 from bus.errors import ProtocolError
 from bus.events import (
     HookContext,
@@ -417,7 +417,13 @@ def _updated_output(ctx: PostToolUseContext, final: str) -> tuple[Any, str]:
         value = msgspec.UNSET
     if value is not msgspec.UNSET and shape_mismatch(ctx.output_value, value) is None:
         return value, ""
-    why = f"the output of {ctx.tool_name} was withheld: {final[:200]}"
+    if final.startswith(WITHHELD.split("{", 1)[0]):  # HookBus's refusal: it names why
+        why = final
+    else:  # never quote ``final``: it may be the original, cut (a secret in it)
+        why = (
+            f"the output of {ctx.tool_name} was withheld: after the hooks it no longer had the "
+            "shape of the tool's response (a Warning with truncate_output cuts its JSON text)"
+        )
     return _withheld(ctx.output_value), why
 
 
