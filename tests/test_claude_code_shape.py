@@ -20,8 +20,11 @@ import pytest
 from bus import AgentHook, HookEvent, HookRegistry
 from bus.actions import MutateOutput, PostToolUseAction, PostToolUseResult, Warn
 from bus.events import PostToolUseContext
-from bus.settings import HookSettings
+from bus.settings import BusSettings, HookSettings
 from tests.claude_code_types import INPUTS, ROOT, check_input, check_output, pre_tool_use
+from tests.harness import Processes
+from tests.remote_hooks import HookConfig
+from tests.test_gateway import live, start_gateway
 from workers.claude_code import WITHHELD_TEXT, original_input, to_claude_code, to_hookbus
 from workers.command_hook import CommandHook
 from workers.demo_hooks import Redactor
@@ -257,3 +260,26 @@ def test_a_refused_post_tool_use_stops_claude_as_well_as_withholding_the_text() 
     check_output(out)
     assert out["continue"] is False and "2048-byte limit" in out["stopReason"]
     assert out["hookSpecificOutput"]["updatedToolOutput"].startswith("[output withheld by HookBus")
+
+
+def test_a_hook_service_rewriting_a_structured_output_as_text_fails_through_the_gateway(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+) -> None:
+    """The same refusal in the distributed mode: a ``hookbus worker`` answers text for Read's
+    object; the gateway answers Claude Code without it, and logs the hook's failure."""
+    text = MutateOutput(updated_content="API_KEY=[redacted]")
+    procs.scripted(
+        bus_settings, HookConfig(name="Texter", events=[HookEvent.POST_TOOL_USE],
+                                 answers={"PostToolUse": text}),
+    )  # fmt: skip
+    live(bus_settings, "Texter")
+    gateway = start_gateway(procs, bus_settings, tmp_path)
+    status, out, _ = gateway.post("/claude-code", READ)
+    assert status == 200, out
+    check_output(out)
+    assert "updatedToolOutput" not in json.dumps(out), out
+    # logged by the gateway's coordinator before it answered
+    assert (
+        "hook Texter skipped for PostToolUse (error): MutateOutput gave text for Read's "
+        "structured output (object)" in procs.logs()
+    )
