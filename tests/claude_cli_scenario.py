@@ -12,9 +12,9 @@ and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs on
 ``bridge``
     the demo ``Redactor``; a ``command`` hook running the bridge ``hookbus-claude-code``;
 ``command-hook``
-    a Claude Code hook script that redacts by shape (``jq``), run unchanged by
-    ``workers.command_hook:CommandHook``, which logs the input it was given to
-    ``OUT_DIR/seen.jsonl``; the ``http`` hook.
+    examples/claude-code/hooks/redact-secrets.sh, a Claude Code hook script that redacts by
+    shape (``jq``), run unchanged by ``workers.command_hook:CommandHook`` (the input it was
+    given kept in ``OUT_DIR/seen.jsonl``); the ``http`` hook.
 ``refused``
     the demo ``Redactor`` and the ``http`` hook, but a gateway whose ``--max-body`` is smaller
     than the hook input: HookBus refuses it unread (protocol.md 5.6) and must fail closed.
@@ -41,12 +41,9 @@ from workers.redis_server import RedisServer
 CLAUDE = ROOT / "tests" / "claude_cli" / "node_modules" / ".bin" / "claude"
 SECRET = "sk-live-4f9a2b7c1d8e"
 FILE = f"# settings\nREGION=eu-west-1\nAPI_KEY={SECRET}\nDEBUG=false\n"
-#: A Claude Code PostToolUse hook script that redacts API keys within the strings of
-#: ``tool_response``, whatever its shape, and answers it in that shape; it keeps its input.
-SCRIPT = """input=$(cat); printf '%s\\n' "$input" >> {seen}
-printf '%s' "$input" | jq -c '{{hookSpecificOutput: {{hookEventName: "PostToolUse",
-  updatedToolOutput: (.tool_response | walk(if type == "string"
-    then gsub("API_KEY=[^\\\\s\\"]+"; "API_KEY=[redacted]") else . end))}}}}'"""
+#: The example Claude Code hook that redacts by shape, run unchanged; its input kept in ``seen``.
+REDACT = ROOT / "examples" / "claude-code" / "hooks" / "redact-secrets.sh"
+SCRIPT = "input=$(cat); printf '%s\\n' \"$input\" >> {seen}; printf '%s' \"$input\" | {script}"
 
 
 def main(out: Path, mode: str = "http") -> None:
@@ -69,7 +66,7 @@ def main(out: Path, mode: str = "http") -> None:
             if mode == "command-hook":
                 procs.worker(
                     settings, "workers.command_hook:CommandHook", "command-hook",
-                    HOOKBUS_COMMAND=SCRIPT.format(seen=out / "seen.jsonl"),
+                    HOOKBUS_COMMAND=SCRIPT.format(seen=out / "seen.jsonl", script=REDACT),
                     HOOKBUS_COMMAND_EVENTS="PostToolUse", HOOKBUS_COMMAND_NAME="RedactByShape",
                     HOOKBUS_COMMAND_FAILURE_POLICY="fail",
                 )  # fmt: skip

@@ -188,11 +188,8 @@ async def test_command_hook_gives_the_script_claude_codes_input_unchanged(
     assert json.loads(seen.read_text()) == message
 
 
-REDACT_BY_SHAPE = (
-    'jq \'{hookSpecificOutput: {hookEventName: "PostToolUse", updatedToolOutput:'
-    " (.tool_response | (.file.content // .stdout)"
-    ' |= gsub("API_KEY=[^\\n]*"; "API_KEY=[redacted]"))}}\''
-)
+#: A Claude Code hook script that redacts within tool_response's strings, keeping its shape.
+REDACT_BY_SHAPE = str(ROOT / "examples" / "claude-code" / "hooks" / "redact-secrets.sh")
 
 
 @pytest.mark.parametrize("message", [READ, BASH], ids=["Read", "Bash"])
