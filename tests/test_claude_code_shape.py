@@ -27,7 +27,7 @@ from tests.remote_hooks import HookConfig
 from tests.test_gateway import live, start_gateway
 from workers.claude_code import WITHHELD_TEXT, original_input, to_claude_code, to_hookbus
 from workers.command_hook import CommandHook
-from workers.demo_hooks import Redactor
+from workers.demo_hooks import LongOutputWarning, Redactor
 
 SECRET = "sk-live-4f9a2b7c1d8e"
 FILE = f"# settings\nREGION=eu-west-1\nAPI_KEY={SECRET}\nDEBUG=false\n"
@@ -280,3 +280,14 @@ def test_a_hook_service_rewriting_a_structured_output_as_text_fails_through_the_
         "hook Texter skipped for PostToolUse (error): MutateOutput gave text for Read's "
         "structured output (object)" in procs.logs()
     )
+
+
+async def test_the_demo_long_output_warning_leaves_a_structured_output_whole() -> None:
+    """Cutting Read's JSON text would cost its shape, and so all of it: it only warns."""
+    warner = LongOutputWarning()
+    warner.limit = 10
+    r = HookRegistry(HookSettings(hook_timeout_secs=10, truncate_chars=30))
+    r.add(warner)
+    _, out = await dispatch(r, READ)
+    size = len(json.dumps(READ["tool_response"], separators=(",", ":")))
+    assert out == {"decision": "block", "reason": f"Read returned {size} characters"}

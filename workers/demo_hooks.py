@@ -91,7 +91,8 @@ class Redactor(AgentHook):
 
 
 class LongOutputWarning(AgentHook):
-    """Warns about long output and asks for it to be truncated."""
+    """Warns about long output and asks for it to be truncated (text only: a structured output,
+    such as Claude Code's Read's object, is only warned about)."""
 
     subscribed_events = (HookEvent.POST_TOOL_USE,)
     limit = 300
@@ -99,10 +100,10 @@ class LongOutputWarning(AgentHook):
     async def post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseAction:
         if len(ctx.output_content) <= self.limit:
             return CONTINUE
-        return Warn(
-            message=f"{ctx.tool_name} returned {len(ctx.output_content)} characters; truncated",
-            truncate_output=True,
-        )
+        said = f"{ctx.tool_name} returned {len(ctx.output_content)} characters"
+        if ctx.structured:  # cutting its JSON text would lose its shape (and so all of it)
+            return Warn(message=said)
+        return Warn(message=f"{said}; truncated", truncate_output=True)
 
 
 class ShellPolicy(AgentHook):
