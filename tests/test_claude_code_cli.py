@@ -40,7 +40,8 @@ def prerequisites() -> None:
         ["unshare", "-n", "--", "ip", "link", "set", "lo", "up"], capture_output=True, text=True
     )
     if probe.returncode != 0:
-        pytest.fail(f"`unshare -n` is not allowed here (root or user namespaces): {probe.stderr}")
+        why = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+        pytest.fail(f"`unshare -n` is not allowed here (needs root or user namespaces): {why}")
 
 
 def run_session(out: Path, mode: str) -> dict[str, Any]:
