@@ -147,7 +147,7 @@ async def test_output_that_lost_its_shape_after_the_hooks_is_withheld_in_its_sha
     updated = out["hookSpecificOutput"]["updatedToolOutput"]
     assert updated["file"]["content"] == WITHHELD_TEXT and updated["file"]["numLines"] == 4
     assert SECRET not in json.dumps(out) and out["decision"] == "block"
-    assert "no longer had the shape" in out["reason"]
+    assert "no longer had the shape" in out["reason"] and out["continue"] is False
 
 
 @pytest.mark.parametrize("name", [*INPUTS, "Read"])
@@ -291,3 +291,19 @@ async def test_the_demo_long_output_warning_leaves_a_structured_output_whole() -
     _, out = await dispatch(r, READ)
     size = len(json.dumps(READ["tool_response"], separators=(",", ":")))
     assert out == {"decision": "block", "reason": f"Read returned {size} characters"}
+
+
+def test_output_hookbus_withholds_reaches_claude_code_withheld_in_its_shape() -> None:
+    """HookBus's own withheld text (no hook could inspect it, the hook directory not read yet)
+    in place of Read's object: Claude Code would ignore the text and show the file."""
+    call = to_hookbus(json.dumps(READ).encode())
+    assert call is not None
+    why = "HookBus has not read the hook directory yet (Redis unreachable): failing closed"
+    withheld = f"[output withheld by HookBus: {why}]"
+    out = to_claude_code(call, PostToolUseResult(final_content=withheld, warnings=(why,)))
+    check_output(out)
+    updated = out["hookSpecificOutput"]["updatedToolOutput"]
+    assert updated["file"]["content"] == WITHHELD_TEXT and updated["type"] == "text"
+    assert updated["file"]["numLines"] == 4 and SECRET not in json.dumps(out)
+    assert out["decision"] == "block" and why in out["reason"], out
+    assert out["continue"] is False and why in out["stopReason"], out

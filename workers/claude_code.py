@@ -53,7 +53,7 @@ from bus.actions import (
     Warn,
     shape_mismatch,
 )
-from bus.aggregation import WITHHELD, refusal
+from bus.aggregation import refusal
 from bus.errors import ProtocolError
 from bus.events import (
     HookContext,
@@ -379,13 +379,16 @@ def _post_tool_use(call: Call, result: PostToolUseResult) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(ctx, PostToolUseContext):
         warnings = list(result.warnings)
+        withheld = ""
         if result.final_content != ctx.output_content:
-            updated, why = _updated_output(ctx, result.final_content)
+            updated, withheld = _updated_output(ctx, result.final_content)
             fields["updatedToolOutput"] = updated
-            if why:
-                warnings.append(why)
+            if withheld:
+                warnings.append(withheld)
         if warnings:  # Claude Code tells Claude the reason of a PostToolUse "block"
             out = {"decision": "block", "reason": "\n".join(warnings)}
+        if withheld:  # should Claude Code not take the rewrite, Claude is stopped before it reads
+            out = {"continue": False, "stopReason": withheld, **out}
         context = _contexts(result.tagged_contexts, warned)
     else:  # PostToolUseFailure: Claude Code takes no rewritten error, only context
         assert isinstance(ctx, PostToolUseFailureContext)
@@ -400,6 +403,8 @@ def _post_tool_use(call: Call, result: PostToolUseResult) -> dict[str, Any]:
 
 #: What replaces every string of a structured output that cannot be given back as rewritten.
 WITHHELD_TEXT = "[withheld by HookBus]"
+#: How HookBus's own text in place of an output starts (bus.aggregation.WITHHELD and alike).
+WITHHELD_BY_HOOKBUS = "[output withheld by HookBus"
 
 
 def _updated_output(ctx: PostToolUseContext, final: str) -> tuple[Any, str]:
@@ -407,8 +412,10 @@ def _updated_output(ctx: PostToolUseContext, final: str) -> tuple[Any, str]:
     rewrite of another shape and shows the original), and why it was withheld, if it was.
 
     Each hook's rewrite was checked when it answered (``bus.actions.rewrite_error``); what can
-    still come out of another shape (a Warning that truncated the text, a HookBus refusal) is
-    withheld: every string of the original replaced, its keys and types kept."""
+    still come out of another shape (a Warning that truncated the text, HookBus's own withheld
+    text) is withheld: every string of the original replaced (but a ``type``), its keys and
+    types kept; and, as Claude Code may check more of a tool's output than that, Claude is
+    stopped too (``continue: false``)."""
     if not ctx.structured:
         return final, ""
     try:
@@ -417,8 +424,8 @@ def _updated_output(ctx: PostToolUseContext, final: str) -> tuple[Any, str]:
         value = msgspec.UNSET
     if value is not msgspec.UNSET and shape_mismatch(ctx.output_value, value) is None:
         return value, ""
-    if final.startswith(WITHHELD.split("{", 1)[0]):  # HookBus's refusal: it names why
-        why = final
+    if final.startswith(WITHHELD_BY_HOOKBUS):  # HookBus withheld it (a refusal, no directory)
+        why = f"the output of {ctx.tool_name} was withheld: {final}"
     else:  # never quote ``final``: it may be the original, cut (a secret in it)
         why = (
             f"the output of {ctx.tool_name} was withheld: after the hooks it no longer had the "
@@ -428,10 +435,12 @@ def _updated_output(ctx: PostToolUseContext, final: str) -> tuple[Any, str]:
 
 
 def _withheld(value: Any) -> Any:
+    """``value`` with every string withheld, but a ``type`` (Claude Code checks it: a Read
+    rewritten with another ``type`` is ignored, and the file shown)."""
     if isinstance(value, str):
         return WITHHELD_TEXT
     if isinstance(value, dict):
-        return {k: _withheld(v) for k, v in value.items()}
+        return {k: v if k == "type" else _withheld(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_withheld(v) for v in value]
     return value
