@@ -115,8 +115,10 @@ def _kind(value: Any) -> str:
 
 def shape_mismatch(original: Any, value: Any, at: str = "$") -> str | None:
     """Where ``value`` is not of ``original``'s shape, or None: the same JSON type at every
-    node, objects with the same keys (an array's items are checked against its first item).
-    ``null`` in the original accepts anything (the agent's type is not known there)."""
+    node; objects with the same keys, and the same ``type`` string where the original has one
+    (a tagged union's tag: Claude Code ignores a Read rewritten with another); arrays item by
+    item (of another length: each item of the shape of one of the original's). ``null`` in the
+    original accepts anything (the agent's type is not known there)."""
     want, got = _kind(original), _kind(value)
     if original is None:
         return None
@@ -127,13 +129,20 @@ def shape_mismatch(original: Any, value: Any, at: str = "$") -> str | None:
             lost = sorted(set(original) - set(value))
             new = sorted(set(value) - set(original))
             return f"{at} has other keys than the original (missing {lost}, added {new})"
+        tag = original.get("type")
+        if isinstance(tag, str) and value["type"] != tag:
+            return f"{at}.type is {value['type']!r}, the original is {tag!r}"
         for key, item in original.items():
             if (why := shape_mismatch(item, value[key], f"{at}.{key}")) is not None:
                 return why
-    elif isinstance(original, list | tuple) and original:
-        for i, item in enumerate(value):
-            if (why := shape_mismatch(original[0], item, f"{at}[{i}]")) is not None:
+    elif isinstance(original, list | tuple) and len(original) == len(value):
+        for i, (was, item) in enumerate(zip(original, value, strict=True)):
+            if (why := shape_mismatch(was, item, f"{at}[{i}]")) is not None:
                 return why
+    elif isinstance(original, list | tuple) and original:  # items left out or added
+        for i, item in enumerate(value):
+            if all(shape_mismatch(was, item) is not None for was in original):
+                return f"{at}[{i}] is of the shape of none of the original's items"
     return None
 
 

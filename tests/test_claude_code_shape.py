@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bus import AgentHook, HookEvent, HookRegistry
-from bus.actions import MutateOutput, PostToolUseAction, PostToolUseResult, Warn
+from bus.actions import MutateOutput, PostToolUseAction, PostToolUseResult, Warn, shape_mismatch
 from bus.events import PostToolUseContext
 from bus.settings import BusSettings, HookSettings
 from tests.claude_code_types import INPUTS, ROOT, check_input, check_output, pre_tool_use
@@ -114,12 +114,25 @@ class KeyDropper(AgentHook):
         return MutateOutput.of_value({k: v for k, v in ctx.output_value.items() if k != "type"})
 
 
+class Retyper(AgentHook):
+    """Rewrites a structured output keeping its keys but not its tag (``type``)."""
+
+    name = "retyper"
+    subscribed_events = (HookEvent.POST_TOOL_USE,)
+
+    async def post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseAction:
+        assert isinstance(ctx.output_value, dict)
+        return MutateOutput.of_value({**ctx.output_value, "type": "redacted"})
+
+
 @pytest.mark.parametrize(
     ("hook", "why"),
     [(TextRedactor(), "MutateOutput gave text for Read's structured output (object)"),
+     (Retyper(), "MutateOutput changed the shape of Read's structured output ($.type is "
+                 "'redacted', the original is 'text')"),
      (KeyDropper(), "MutateOutput changed the shape of Read's structured output ($ has other "
                     "keys than the original (missing ['type'], added [])")],
-    ids=["text", "other-keys"],
+    ids=["text", "other-type", "other-keys"],
 )  # fmt: skip
 async def test_a_rewrite_of_another_shape_is_the_hooks_failure_never_passed_on(
     hook: AgentHook, why: str
@@ -307,3 +320,22 @@ def test_output_hookbus_withholds_reaches_claude_code_withheld_in_its_shape() ->
     assert updated["file"]["numLines"] == 4 and SECRET not in json.dumps(out)
     assert out["decision"] == "block" and why in out["reason"], out
     assert out["continue"] is False and why in out["stopReason"], out
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ([{"type": "text", "text": "[redacted]"}, {"type": "image", "data": "AA=="}], None),
+        ([{"type": "text", "text": "a"}], None),  # an item left out
+        ([{"type": "image", "data": "AA=="}, {"type": "text", "text": "b"}],
+         "$[0] has other keys than the original (missing ['text'], added ['data'])"),
+        ([{"type": "code", "text": "a"}, {"type": "image", "data": "AA=="}],
+         "$[0].type is 'code', the original is 'text'"),
+        ([{"type": "text", "text": 1}], "$[0] is of the shape of none of the original's items"),
+        ({"type": "text"}, "$ is object, the original is array"),
+    ],
+)  # fmt: skip
+def test_the_shape_of_mixed_arrays_is_checked_item_by_item(value: Any, why: str | None) -> None:
+    """MCP results are arrays of content blocks of different types (tagged by ``type``)."""
+    original = [{"type": "text", "text": "API_KEY=sk-1"}, {"type": "image", "data": "AA=="}]
+    assert shape_mismatch(original, value) == why
