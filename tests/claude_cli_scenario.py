@@ -18,6 +18,10 @@ and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs on
 ``refused``
     the demo ``Redactor`` and the ``http`` hook, but a gateway whose ``--max-body`` is smaller
     than the hook input: HookBus refuses it unread (protocol.md 5.6) and must fail closed.
+``truncated``
+    a hook that asks for the output to be truncated (a Warning with ``truncate_output``) and a
+    gateway that cuts it to 40 characters: the JSON of Read's object no longer has its shape,
+    and HookBus must withhold it rather than hand Claude Code text it would ignore.
 
 Writes ``OUT_DIR/report.json``: every request the stand-in got (what the model saw), Claude
 Code's exit status and output, and the services' logs.
@@ -32,9 +36,12 @@ import sys
 import uuid
 from pathlib import Path
 
+from bus.actions import Warn
+from bus.events import HookEvent
 from bus.settings import BusSettings
 from tests.harness import ROOT, Processes
 from tests.messages_standin import StandIn
+from tests.remote_hooks import HookConfig
 from tests.test_gateway import live, published_once, start_gateway
 from workers.redis_server import RedisServer
 
@@ -71,6 +78,13 @@ def main(out: Path, mode: str = "http") -> None:
                     HOOKBUS_COMMAND_FAILURE_POLICY="fail",
                 )  # fmt: skip
                 live(settings, "RedactByShape")
+            elif mode == "truncated":
+                cut = Warn(message="too long", truncate_output=True)
+                config = HookConfig(name="Cutter", events=[HookEvent.POST_TOOL_USE],
+                                    answers={"PostToolUse": cut})  # fmt: skip
+                procs.scripted(settings, config)
+                live(settings, "Cutter")
+                os.environ["HOOKBUS_TRUNCATE_CHARS"] = "40"  # the gateway's, through worker_env
             else:
                 procs.worker(settings, "workers.demo_hooks:Redactor", "redactor")
                 live(settings, "Redactor")
@@ -107,7 +121,7 @@ def main(out: Path, mode: str = "http") -> None:
             )  # fmt: skip
             report["claude"] = {"status": ran.returncode, "stdout": ran.stdout[-4000:],
                                 "stderr": ran.stderr[-4000:]}  # fmt: skip
-            if mode != "refused":  # the events HookBus saw, once both PostToolUse ones are in
+            if mode not in ("refused", "truncated"):  # the events HookBus saw, both PostToolUse in
                 posts = lambda found: sum(e.event == "PostToolUse" for e in found) >= 2  # noqa: E731
                 found = published_once(settings, posts, "both PostToolUse events")
                 report["events"] = [e.event.value for e in found]

@@ -59,12 +59,12 @@ def run_session(out: Path, mode: str) -> dict[str, Any]:
     return report
 
 
-def test_output_hookbus_could_not_read_stops_claude_before_the_model_sees_it(
-    tmp_path: Path,
-) -> None:
-    """The gateway refuses the Read's hook input unread (over its --max-body): the withheld
-    text could not replace Read's object, so Claude Code is stopped (``continue: false``)."""
-    report = run_session(tmp_path, "refused")
+@pytest.mark.parametrize("mode", ["refused", "truncated"])
+def test_output_hookbus_withholds_never_reaches_the_model(tmp_path: Path, mode: str) -> None:
+    """``refused``: the gateway refuses the Read's hook input unread (over its --max-body);
+    ``truncated``: a Warning cuts the JSON of Read's object. Withheld text could not replace
+    Read's object: Claude Code is stopped (``continue: false``) before the model reads it."""
+    report = run_session(tmp_path, mode)
     claude = report["claude"]
     assert claude["status"] == 0, claude
     assert json.loads(claude["stdout"])["terminal_reason"] == "hook_stopped", claude
