@@ -63,8 +63,11 @@ redis-check:
 # Claude Code's hook types with the schema generator (tests/test_claude_code_schemas.py):
 # installed when node_modules is missing or package-lock.json is newer. Claude Code's own binary
 # is an optional dependency of the SDK and is left out (--omit=optional): only its types are used.
+# The real Claude Code CLI (tests/test_claude_code_cli.py runs it offline) has a package of its
+# own, tests/claude_cli: its binary is an optional dependency per platform, so it is installed
+# with optional dependencies.
 .PHONY: node-deps
-node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json
+node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json tests/claude_cli/node_modules/.package-lock.json
 
 examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20.15 and npm (for examples/node)"; exit 1; }
@@ -74,6 +77,13 @@ examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
 examples/claude-code/node_modules/.package-lock.json: examples/claude-code/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for examples/claude-code)"; exit 1; }
 	npm ci --prefix examples/claude-code --omit=optional --no-audit --no-fund
+	@touch $@
+
+tests/claude_cli/node_modules/.package-lock.json: tests/claude_cli/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for tests/claude_cli: Claude Code's CLI)"; exit 1; }
+	npm ci --prefix tests/claude_cli --no-audit --no-fund
+	@test -x tests/claude_cli/node_modules/.bin/claude && tests/claude_cli/node_modules/.bin/claude --version >/dev/null || \
+	  { echo "tests/claude_cli: Claude Code's CLI did not install its native binary for this platform"; exit 1; }
 	@touch $@
 
 bench: $(DEV)

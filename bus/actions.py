@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from bus.errors import FailureKind
-from bus.events import HookEvent, PermissionDecision
+from bus.events import HookEvent, PermissionDecision, PostToolUseContext
 
 
 class _Action(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -46,10 +46,25 @@ class PermissionRequired(_Action, tag="PermissionRequired", frozen=True, kw_only
 
 
 class MutateOutput(_Action, tag="MutateOutput", frozen=True, kw_only=True):
-    """Replace the tool's output (PostToolUse, PostToolUseFailure)."""
+    """Replace the tool's output (PostToolUse, PostToolUseFailure).
+
+    A structured output (``PostToolUseContext.output_value`` set: Claude Code's Read, Bash, …)
+    is replaced by a value of the same shape, given as its JSON text: ``MutateOutput.of_value``
+    builds that. Text that is not JSON of the same shape is refused (``rewrite_error``): the
+    hook fails under its failure policy, because an agent ignores such a rewrite and would show
+    the original output.
+    """
 
     updated_content: str
     additional_context: str | None = None
+
+    @classmethod
+    def of_value(cls, value: Any, additional_context: str | None = None) -> MutateOutput:
+        """Replace a structured output with ``value`` (same keys and types as ``output_value``)."""
+        return cls(
+            updated_content=msgspec.json.encode(value).decode(),
+            additional_context=additional_context,
+        )
 
 
 class Warn(_Action, tag="Warning", frozen=True, kw_only=True):
@@ -80,6 +95,78 @@ class InjectContext(_Action, tag="InjectContext", frozen=True, kw_only=True):
     """Add context for the LLM (PermissionRequest)."""
 
     context: str
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def shape_mismatch(original: Any, value: Any, at: str = "$") -> str | None:
+    """Where ``value`` is not of ``original``'s shape, or None: the same JSON type at every
+    node; objects with the same keys, and the same ``type`` string where the original has one
+    (a tagged union's tag: Claude Code ignores a Read rewritten with another); arrays item by
+    item (of another length: each item of the shape of one of the original's). ``null`` in the
+    original accepts anything (the agent's type is not known there)."""
+    want, got = _kind(original), _kind(value)
+    if original is None:
+        return None
+    if want != got:
+        return f"{at} is {got}, the original is {want}"
+    if isinstance(original, dict):
+        if set(original) != set(value):
+            lost = sorted(set(original) - set(value))
+            new = sorted(set(value) - set(original))
+            return f"{at} has other keys than the original (missing {lost}, added {new})"
+        tag = original.get("type")
+        if isinstance(tag, str) and value["type"] != tag:
+            return f"{at}.type is {value['type']!r}, the original is {tag!r}"
+        for key, item in original.items():
+            if (why := shape_mismatch(item, value[key], f"{at}.{key}")) is not None:
+                return why
+    elif isinstance(original, list | tuple) and len(original) == len(value):
+        for i, (was, item) in enumerate(zip(original, value, strict=True)):
+            if (why := shape_mismatch(was, item, f"{at}[{i}]")) is not None:
+                return why
+    elif isinstance(original, list | tuple) and original:  # items left out or added
+        for i, item in enumerate(value):
+            if all(shape_mismatch(was, item) is not None for was in original):
+                return f"{at}[{i}] is of the shape of none of the original's items"
+    return None
+
+
+def rewrite_error(ctx: PostToolUseContext, action: Any) -> str | None:
+    """Why ``action`` cannot replace ``ctx``'s structured output (None if it can, or if it is
+    not a MutateOutput, or the output is text): a rewrite of a structured output must be JSON
+    of the same shape (``MutateOutput.of_value``)."""
+    if not isinstance(action, MutateOutput) or not ctx.structured:
+        return None
+    try:
+        value = msgspec.json.decode(action.updated_content)
+    except msgspec.DecodeError:
+        return (
+            f"MutateOutput gave text for {ctx.tool_name}'s structured output "
+            f"({_kind(ctx.output_value)}); the agent would ignore it and show the original: "
+            "answer MutateOutput.of_value(<a value of output_value's shape>)"
+        )
+    why = shape_mismatch(ctx.output_value, value)
+    if why is None:
+        return None
+    return (
+        f"MutateOutput changed the shape of {ctx.tool_name}'s structured output ({why}); the "
+        "agent would ignore it and show the original: keep output_value's keys and types"
+    )
 
 
 PreToolUseAction = Continue | Block | MutateInput | PermissionRequired

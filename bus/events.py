@@ -91,7 +91,17 @@ class TurnTerminal(enum.StrEnum):
 
 
 class _Context(msgspec.Struct, frozen=True, kw_only=True):
-    """Base of every context: immutable, keyword-only."""
+    """Base of every context: immutable, keyword-only.
+
+    ``agent_input``: the agent's own hook input this context was made from, as the agent sent
+    it, for hooks that speak the agent's format (``workers.command_hook:CommandHook`` hands it to
+    a Claude Code hook script unchanged). Absent (unset) for agents that send HookBus contexts
+    themselves. Its ``tool_input`` and ``tool_response`` are left out when the context carries
+    them unchanged (``tool_args``; ``output_value``, else ``output_content``): the context is
+    bounded as a whole (bus/limits.py), so a large output is not carried twice.
+    """
+
+    agent_input: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionStartContext(_Context, frozen=True, kw_only=True):
@@ -116,6 +126,15 @@ class PostToolUseContext(_Context, frozen=True, kw_only=True):
     is_error: bool = False
     step: int = 0
     elapsed_ms: float = 0.0
+    # The tool's output as the agent gave it when that is not a string (Claude Code's
+    # ``tool_response`` of Read, Bash, …: an object); ``output_content`` is then its compact
+    # JSON text. A rewrite must keep its shape: ``MutateOutput.of_value`` (bus/actions.py).
+    output_value: Any | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def structured(self) -> bool:
+        """Whether the output is structured (``output_value`` set): rewrites keep its shape."""
+        return self.output_value is not msgspec.UNSET
 
 
 class PostToolUseFailureContext(_Context, frozen=True, kw_only=True):

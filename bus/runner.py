@@ -24,6 +24,7 @@ from bus.actions import (
     PreToolUseResult,
     ShadowedAnswer,
     SkippedHook,
+    rewrite_error,
 )
 from bus.aggregation import (
     Outcome,
@@ -58,6 +59,13 @@ from bus.settings import HookSettings
 
 log = logging.getLogger("hookbus.dispatch")
 _failures = RateLimitedLog(log)
+
+
+def _shaped(ctx: PostToolUseContext, o: Outcome) -> Outcome:
+    """A rewrite of a structured output that is not of its shape is the hook's failure."""
+    why = rewrite_error(ctx, o.action)
+    return o if why is None else Outcome(o.spec, None, "error", why, o.elapsed)
+
 
 #: The context being dispatched in this task and its JSON, made once when it was inspected.
 _inspected: ContextVar[tuple[object, bytes]] = ContextVar("hookbus_inspected", default=(None, b""))
@@ -263,6 +271,8 @@ class EventRunner(abc.ABC):
 
     async def run_post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseResult:
         outcomes = await self._run(HookEvent.POST_TOOL_USE, ctx)
+        if ctx.structured and isinstance(outcomes, list):  # a rewrite must keep the shape
+            outcomes = [_shaped(ctx, o) for o in outcomes]
         return self._post(HookEvent.POST_TOOL_USE, ctx.output_content, outcomes)
 
     async def run_on_post_tool_use_failure(

@@ -122,8 +122,9 @@ def test_each_mapped_event_becomes_its_hookbus_context() -> None:
     assert {n: c.event for n, c in contexts.items() if c} == claude_code.EVENTS
     pre = contexts["PreToolUse"]
     assert pre and pre.ctx == PreToolUseContext(
-        session_id="cc-7f3a", tool_name="Read", tool_args={"file_path": "/work/app/.env"}
-    )
+        session_id="cc-7f3a", tool_name="Read", tool_args={"file_path": "/work/app/.env"},
+        agent_input={k: v for k, v in INPUTS["PreToolUse"].items() if k != "tool_input"},
+    )  # fmt: skip
     post = contexts["PostToolUse"]
     assert post and isinstance(post.ctx, PostToolUseContext)
     assert (post.ctx.output_content, post.ctx.elapsed_ms) == ("API_KEY=abc123 HOME=/root", 12)

@@ -15,9 +15,15 @@ Towards HookBus (``hookbus gateway``'s ``POST /claude-code``, and so the command
   if no hook had answered);
 * ``to_claude_code(call, result)``: the aggregated HookBus result → Claude Code's hook output.
 
+A structured ``tool_response`` (Read's and Bash's are objects) reaches hooks as it came
+(``PostToolUseContext.output_value``) and a rewrite goes back in its shape: Claude Code ignores
+an ``updatedToolOutput`` of another shape and shows the original. Claude Code's own input
+travels with every context (``agent_input``).
+
 Towards Claude Code's own hook scripts (``workers.command_hook:CommandHook``):
 
-* ``hook_input(event, ctx, …)``: a HookBus context → the input a Claude Code hook script reads;
+* ``hook_input(event, ctx, …)``: a HookBus context → the input a Claude Code hook script reads
+  (Claude Code's own, unchanged, when the context came from Claude Code: ``original_input``);
 * ``from_command(event, ctx, status, stdout, stderr)``: what the script did → the hook's answer.
 """
 
@@ -45,6 +51,7 @@ from bus.actions import (
     PreToolUseResult,
     TaggedContext,
     Warn,
+    shape_mismatch,
 )
 from bus.aggregation import refusal
 from bus.errors import ProtocolError
@@ -209,7 +216,7 @@ def to_hookbus(body: bytes) -> Call | None:
         given = msgspec.convert(data, kind)
     except msgspec.ValidationError as exc:
         raise _error(f"Claude Code's {head.hook_event_name} input", exc) from exc
-    return _call(head.hook_event_name, given)
+    return _call(head.hook_event_name, given, data)
 
 
 _AT = re.compile(r" - at `([^`]*)`$")
@@ -227,19 +234,39 @@ def _error(what: str, exc: msgspec.ValidationError) -> ProtocolError:
     return ProtocolError(f"malformed {what}: {text}", field or "$")
 
 
-def _call(name: str, given: _Input) -> Call:
+def structured(tool_response: Any) -> bool:
+    """Whether a tool's response is structured (an object, an array, a number, …: not text)."""
+    return not isinstance(tool_response, str) and tool_response is not None
+
+
+def _call(name: str, given: _Input, data: dict[str, Any]) -> Call:
+    ctx = _context(name, given)
+    # Claude Code's own input goes with the context (CommandHook hands it to scripts as it
+    # came), less what the context carries unchanged: the tool's input and response.
+    wrapped = isinstance(given, _ToolInput) and not isinstance(given.tool_input, dict)
+    carried = set()
+    if isinstance(ctx, _WITH_ARGS) and not wrapped:
+        carried.add("tool_input")
+    if isinstance(given, _PostToolUse) and given.tool_response is not None:
+        carried.add("tool_response")
+    kept = {k: v for k, v in data.items() if k not in carried}
+    return Call(name, EVENTS[name], msgspec.structs.replace(ctx, agent_input=kept), wrapped)
+
+
+def _context(name: str, given: _Input) -> HookContext:
     sid = given.session_id
     agent = given.agent_id or "main"
     ctx: HookContext
-    wrapped = False
     if isinstance(given, _PostToolUse):
-        args, wrapped = tool_args(given.tool_input)
+        args, _ = tool_args(given.tool_input)
+        response = given.tool_response
         ctx = PostToolUseContext(
             session_id=sid, agent_name=agent, tool_name=given.tool_name, tool_args=args,
-            output_content=as_text(given.tool_response), elapsed_ms=given.duration_ms,
+            output_content=as_text(response), elapsed_ms=given.duration_ms,
+            output_value=response if structured(response) else msgspec.UNSET,
         )  # fmt: skip
     elif isinstance(given, _PostToolUseFailure):
-        args, wrapped = tool_args(given.tool_input)
+        args, _ = tool_args(given.tool_input)
         ctx = PostToolUseFailureContext(
             session_id=sid, agent_name=agent, tool_name=given.tool_name, tool_args=args,
             error_message=given.error, is_interrupt=given.is_interrupt,
@@ -251,13 +278,13 @@ def _call(name: str, given: _Input) -> Call:
             source=PermissionDenialSource.CLASSIFIER,  # Claude Code's auto-mode classifier
         )  # fmt: skip
     elif isinstance(given, _ToolInput) and name == "PermissionRequest":
-        args, wrapped = tool_args(given.tool_input)
+        args, _ = tool_args(given.tool_input)
         ctx = PermissionRequestContext(
             session_id=sid, tool_name=given.tool_name, tool_args=args,
             permission_mode=given.permission_mode, is_subagent=bool(given.agent_id),
         )  # fmt: skip
     elif isinstance(given, _ToolInput):
-        args, wrapped = tool_args(given.tool_input)
+        args, _ = tool_args(given.tool_input)
         ctx = PreToolUseContext(session_id=sid, tool_name=given.tool_name, tool_args=args)
     elif isinstance(given, _SessionStart):
         ctx = SessionStartContext(session_id=sid, is_resume=given.source == "resume")
@@ -276,7 +303,7 @@ def _call(name: str, given: _Input) -> Call:
         ctx = StepCompleteContext(session_id=sid, step=0, max_steps=0)
     else:  # SessionEnd
         ctx = SessionStopContext(session_id=sid)
-    return Call(name, EVENTS[name], ctx, wrapped)
+    return ctx
 
 
 # -- HookBus's result → Claude Code's hook output ------------------------------------------------
@@ -351,10 +378,17 @@ def _post_tool_use(call: Call, result: PostToolUseResult) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     out: dict[str, Any] = {}
     if isinstance(ctx, PostToolUseContext):
+        warnings = list(result.warnings)
+        withheld = ""
         if result.final_content != ctx.output_content:
-            fields["updatedToolOutput"] = result.final_content
-        if result.warnings:  # Claude Code tells Claude the reason of a PostToolUse "block"
-            out = {"decision": "block", "reason": "\n".join(result.warnings)}
+            updated, withheld = _updated_output(ctx, result.final_content)
+            fields["updatedToolOutput"] = updated
+            if withheld:
+                warnings.append(withheld)
+        if warnings:  # Claude Code tells Claude the reason of a PostToolUse "block"
+            out = {"decision": "block", "reason": "\n".join(warnings)}
+        if withheld:  # should Claude Code not take the rewrite, Claude is stopped before it reads
+            out = {"continue": False, "stopReason": withheld, **out}
         context = _contexts(result.tagged_contexts, warned)
     else:  # PostToolUseFailure: Claude Code takes no rewritten error, only context
         assert isinstance(ctx, PostToolUseFailureContext)
@@ -365,6 +399,51 @@ def _post_tool_use(call: Call, result: PostToolUseResult) -> dict[str, Any]:
     if context:
         fields["additionalContext"] = context
     return {**out, **_specific(call, **fields)} if fields else out
+
+
+#: What replaces every string of a structured output that cannot be given back as rewritten.
+WITHHELD_TEXT = "[withheld by HookBus]"
+#: How HookBus's own text in place of an output starts (bus.aggregation.WITHHELD and alike).
+WITHHELD_BY_HOOKBUS = "[output withheld by HookBus"
+
+
+def _updated_output(ctx: PostToolUseContext, final: str) -> tuple[Any, str]:
+    """``updatedToolOutput`` for ``final``, in ``tool_response``'s shape (Claude Code ignores a
+    rewrite of another shape and shows the original), and why it was withheld, if it was.
+
+    Each hook's rewrite was checked when it answered (``bus.actions.rewrite_error``); what can
+    still come out of another shape (a Warning that truncated the text, HookBus's own withheld
+    text) is withheld: every string of the original replaced (but a ``type``), its keys and
+    types kept; and, as Claude Code may check more of a tool's output than that, Claude is
+    stopped too (``continue: false``)."""
+    if not ctx.structured:
+        return final, ""
+    try:
+        value = msgspec.json.decode(final)
+    except msgspec.DecodeError:
+        value = msgspec.UNSET
+    if value is not msgspec.UNSET and shape_mismatch(ctx.output_value, value) is None:
+        return value, ""
+    if final.startswith(WITHHELD_BY_HOOKBUS):  # HookBus withheld it (a refusal, no directory)
+        why = f"the output of {ctx.tool_name} was withheld: {final}"
+    else:  # never quote ``final``: it may be the original, cut (a secret in it)
+        why = (
+            f"the output of {ctx.tool_name} was withheld: after the hooks it no longer had the "
+            "shape of the tool's response (a Warning with truncate_output cuts its JSON text)"
+        )
+    return _withheld(ctx.output_value), why
+
+
+def _withheld(value: Any) -> Any:
+    """``value`` with every string withheld, but a ``type`` (Claude Code checks it: a Read
+    rewritten with another ``type`` is ignored, and the file shown)."""
+    if isinstance(value, str):
+        return WITHHELD_TEXT
+    if isinstance(value, dict):
+        return {k: v if k == "type" else _withheld(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_withheld(v) for v in value]
+    return value
 
 
 def _permission_request(call: Call, result: PermissionRequestResult) -> dict[str, Any]:
@@ -407,7 +486,9 @@ def refused(claude_event: str, why: str) -> dict[str, Any] | None:
     call denied (PreToolUse, PermissionRequest), the tool's output withheld (PostToolUse),
     ``{}`` for the events that gate nothing; None if ``claude_event`` is not one HookBus knows.
     Claude Code takes every answer but a 2xx as a non-blocking error and runs the tool, so this
-    is what the gateway answers, with 200."""
+    is what the gateway answers, with 200. A PostToolUse also stops Claude (``continue: false``):
+    the withheld text cannot replace a structured ``tool_response``, whose shape is unknown
+    here."""
     event = EVENTS.get(claude_event)
     if event is None:
         return None
@@ -415,7 +496,13 @@ def refused(claude_event: str, why: str) -> dict[str, Any] | None:
     ctx = _BLANK.get(claude_event)
     if ctx is None or result is None:
         return {}
-    return to_claude_code(Call(claude_event, event, ctx), result)
+    answer = to_claude_code(Call(claude_event, event, ctx), result)
+    if event is HookEvent.POST_TOOL_USE:
+        # The withheld text replaces a text tool_response only: Claude Code ignores it for a
+        # structured one (Read's, Bash's) and would show the output unread. Unread, its shape is
+        # unknown: Claude is stopped before the output reaches the model.
+        answer = {"continue": False, "stopReason": f"HookBus: {why}; output withheld", **answer}
+    return answer
 
 
 def fail_closed(call: Call, reason: str) -> dict[str, Any] | None:
@@ -434,8 +521,11 @@ def fail_closed(call: Call, reason: str) -> dict[str, Any] | None:
 def hook_input(
     event: HookEvent, ctx: HookContext, *, cwd: str, transcript_path: str = "", tool_use_id: str
 ) -> dict[str, Any]:
-    """What a Claude Code hook script reads on stdin for ``event``. HookBus's contexts do not
-    carry Claude Code's ``transcript_path`` or ``tool_use_id``: the caller supplies them."""
+    """What a Claude Code hook script reads on stdin for ``event``: Claude Code's own input,
+    unchanged, when the context came from Claude Code (``agent_input``); else made from the
+    context, with the ``transcript_path`` and ``tool_use_id`` the caller supplies."""
+    if (given := original_input(event, ctx)) is not None:
+        return given
     base: dict[str, Any] = {
         "session_id": getattr(ctx, "session_id", "") or getattr(ctx, "parent_session_id", ""),
         "transcript_path": transcript_path,
@@ -449,8 +539,9 @@ def hook_input(
         else:
             base["permission_mode"] = ctx.permission_mode
     elif isinstance(ctx, PostToolUseContext):
+        response = ctx.output_value if ctx.structured else ctx.output_content
         base.update(
-            tool_name=ctx.tool_name, tool_input=ctx.tool_args, tool_response=ctx.output_content,
+            tool_name=ctx.tool_name, tool_input=ctx.tool_args, tool_response=response,
             tool_use_id=tool_use_id, duration_ms=ctx.elapsed_ms,
         )  # fmt: skip
     elif isinstance(ctx, PostToolUseFailureContext):
@@ -481,6 +572,26 @@ def hook_input(
         trigger = ctx.compression_method if ctx.compression_method in ("manual", "auto") else "auto"
         base.update(trigger=trigger, compact_summary="")
     return base
+
+
+def original_input(event: HookEvent, ctx: HookContext) -> dict[str, Any] | None:
+    """Claude Code's hook input ``ctx`` was made from, as it came (``tool_input`` and
+    ``tool_response`` put back from the context, where they travel), or None when ``ctx`` did
+    not come from Claude Code's ``event``."""
+    given = ctx.agent_input
+    if given is msgspec.UNSET or given.get("hook_event_name") != CLAUDE_EVENTS[event]:
+        return None
+    whole = dict(given)
+    if "tool_input" not in whole and isinstance(ctx, _WITH_ARGS):
+        whole["tool_input"] = ctx.tool_args
+    if "tool_response" not in whole and isinstance(ctx, PostToolUseContext):
+        whole["tool_response"] = ctx.output_value if ctx.structured else ctx.output_content
+    return whole
+
+
+_WITH_ARGS = (
+    PreToolUseContext, PostToolUseContext, PostToolUseFailureContext, PermissionRequestContext
+)  # fmt: skip
 
 
 class CommandFailed(RuntimeError):
@@ -562,9 +673,12 @@ def _read_output(event: HookEvent, ctx: HookContext, answer: dict[str, Any]) -> 
     if isinstance(ctx, PostToolUseContext | PostToolUseFailureContext):
         original = ctx.output_content if isinstance(ctx, PostToolUseContext) else ctx.error_message
         replaced = specific.get("updatedToolOutput", specific.get("updatedMCPToolOutput"))
-        if replaced is not None or context:
-            content = original if replaced is None else as_text(replaced)
-            return MutateOutput(updated_content=content, additional_context=context)
+        if replaced is None and context:
+            return MutateOutput(updated_content=original, additional_context=context)
+        if replaced is not None:
+            # a structured response rewritten as a value: kept as its JSON (the shape is
+            # checked against the original when the hook's answer arrives); text as text
+            return MutateOutput(updated_content=as_text(replaced), additional_context=context)
         return CONTINUE
     if isinstance(ctx, PermissionRequestContext):
         decision = specific.get("decision")
@@ -587,6 +701,7 @@ __all__ = [
     "fail_closed",
     "from_command",
     "hook_input",
+    "original_input",
     "refused",
     "to_claude_code",
     "to_hookbus",

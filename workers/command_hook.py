@@ -25,7 +25,10 @@ when the service starts):
 The command gets the service's environment without its ``HOOKBUS_*`` variables (the Redis URL
 may hold a password).
 
-The command reads Claude Code's hook input on stdin (``workers.claude_code.hook_input``); exit
+The command reads Claude Code's hook input on stdin: for a call that came from Claude Code (the
+gateway's ``/claude-code``, the bridge), the input Claude Code sent, unchanged (the context's
+``agent_input``, with ``tool_input`` and a structured ``tool_response`` put back); for other
+agents, one made from the context (``workers.claude_code.hook_input``). Exit
 status 2 blocks with stderr as the reason, and on exit 0 its JSON stdout is read as Claude Code
 reads it (``workers.claude_code.from_command``). Any other exit status, invalid JSON, more than
 1 MiB of output or a timeout is a failure of the hook, decided by its failure policy.

@@ -33,9 +33,11 @@ from bus import (
     ToolMatchFilter,
     Warn,
 )
+from workers.redaction import within_strings
 
 log = logging.getLogger("hookbus.demo")
-SECRET = re.compile(r"(API_KEY=)\S+")
+#: An API key's value: up to a space, a line's end, a quote or a backslash (JSON's escapes).
+SECRET = re.compile(r"(API_KEY=)[^\s\"'\\]+")
 
 
 class SecretGuard(AgentHook):
@@ -68,22 +70,29 @@ class NotesFolder(AgentHook):
         )
 
 
+def _redact(text: str) -> str:
+    return SECRET.sub(r"\1[redacted]", text)
+
+
 class Redactor(AgentHook):
-    """Redacts API keys from tool output."""
+    """Redacts API keys from tool output: only the key's value, the rest of the line and the
+    other lines kept. A structured output (Claude Code's Read and Bash give objects) is redacted
+    within its strings and given back in the same shape."""
 
     subscribed_events = (HookEvent.POST_TOOL_USE,)
 
     async def post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseAction:
         if not SECRET.search(ctx.output_content):
             return CONTINUE
-        return MutateOutput(
-            updated_content=SECRET.sub(r"\1[redacted]", ctx.output_content),
-            additional_context=f"a secret was redacted from the output of {ctx.tool_name}",
-        )
+        why = f"a secret was redacted from the output of {ctx.tool_name}"
+        if ctx.structured:
+            return MutateOutput.of_value(within_strings(ctx.output_value, _redact), why)
+        return MutateOutput(updated_content=_redact(ctx.output_content), additional_context=why)
 
 
 class LongOutputWarning(AgentHook):
-    """Warns about long output and asks for it to be truncated."""
+    """Warns about long output and asks for it to be truncated (text only: a structured output,
+    such as Claude Code's Read's object, is only warned about)."""
 
     subscribed_events = (HookEvent.POST_TOOL_USE,)
     limit = 300
@@ -91,10 +100,10 @@ class LongOutputWarning(AgentHook):
     async def post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseAction:
         if len(ctx.output_content) <= self.limit:
             return CONTINUE
-        return Warn(
-            message=f"{ctx.tool_name} returned {len(ctx.output_content)} characters; truncated",
-            truncate_output=True,
-        )
+        said = f"{ctx.tool_name} returned {len(ctx.output_content)} characters"
+        if ctx.structured:  # cutting its JSON text would lose its shape (and so all of it)
+            return Warn(message=said)
+        return Warn(message=f"{said}; truncated", truncate_output=True)
 
 
 class ShellPolicy(AgentHook):

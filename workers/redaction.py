@@ -18,7 +18,8 @@ entropy-based scanners (detect-secrets, say) bring plugins and false positives f
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from bus.errors import ConfigError
 
@@ -73,3 +74,16 @@ class Redaction:
 def _replacement(match: re.Match[str]) -> str:
     keep = match.groupdict().get("keep")
     return (keep or "") + MARK
+
+
+def within_strings(value: Any, change: Callable[[str], str]) -> Any:
+    """``value`` with ``change`` applied to every string in it (object keys left alone): its
+    shape — keys, types, array lengths — kept, as an agent that takes structured tool output
+    back (Claude Code's ``updatedToolOutput``) requires."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {k: within_strings(v, change) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [within_strings(v, change) for v in value]
+    return value
