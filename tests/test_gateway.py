@@ -315,6 +315,11 @@ def test_deadlines_sizes_and_credentials(
     status, out, _ = gateway.post("/claude-code", {**INPUTS["PreToolUse"], "x": "y" * 5000})
     assert status == 200 and out["hookSpecificOutput"]["permissionDecision"] == "deny", out
     assert "4096-byte limit" in out["hookSpecificOutput"]["permissionDecisionReason"], out
+    # A Claude Code tool call with no token or a wrong one: denied with 200, naming why
+    # (Claude Code would run the tool on a 401); nothing is dispatched.
+    for token in (None, "not-the-token"):
+        status, out, _ = gateway.post("/claude-code", INPUTS["PreToolUse"], token)
+        assert status == 200 and out["hookSpecificOutput"]["permissionDecision"] == "deny", out
     # No token, a wrong one, another scheme: 401, with a challenge.
     for token, extra in [(None, {}), ("not-the-token", {}),
                          (None, {"Authorization": f"Basic {gateway.token}"})]:  # fmt: skip
@@ -495,10 +500,15 @@ async def test_claude_code_calls_fail_closed_when_no_decision_comes_in_time(
         assert answer.status == 200 and out["hookSpecificOutput"]["permissionDecision"] == "deny"
         assert "no decision within 20 ms; denied (fail closed)" in out["hookSpecificOutput"][
             "permissionDecisionReason"]  # fmt: skip
-        # PostToolUse gates nothing: the timeout is said as such.
-        answer = await gateway.claude_code("t", json.dumps(INPUTS["PostToolUse"]).encode())
-        assert answer.status == 504, answer
-        assert gateway.stats["timed_out"] == 2 and gateway.stats["failed_closed"] == 1
+        # PostToolUse: the output no redactor saw in time is withheld, never shown (a 504
+        # would be a non-blocking error to Claude Code, which then shows the original).
+        post = {**INPUTS["PostToolUse"], "tool_response": "API_KEY=sk-live-123"}
+        answer = await gateway.claude_code("t", json.dumps(post).encode())
+        out = json.loads(answer.body)
+        assert answer.status == 200, answer
+        assert "sk-live" not in answer.body.decode(), out
+        assert "no decision within 20 ms" in json.dumps(out), out
+        assert gateway.stats["timed_out"] == 2 and gateway.stats["failed_closed"] == 2
 
 
 def test_a_warn_mode_answer_reaches_claude_as_context_and_the_audit_trail_names_the_tenant(
@@ -595,8 +605,11 @@ def test_a_removed_tenant_and_a_revoked_token_get_401_within_2_s_without_a_resta
     within_2s(lambda: answered(gateway, acme) == 401, "acme's token to get 401", procs.logs)
     cancel = post(gateway.port, "/v1/sessions/s1/cancel", {}, acme)
     assert cancel[0] == 401, cancel
+    # Claude Code's http hooks run the tool on a 401: a tool call is denied with 200 instead.
     claude = gateway.post("/claude-code", pre_tool_use("Bash", {"command": "ls"}, "s1"), acme)
-    assert claude[0] == 401, claude
+    decision = claude[1]["hookSpecificOutput"]
+    assert claude[0] == 200 and decision["permissionDecision"] == "deny", claude
+    assert "does not accept this token" in decision["permissionDecisionReason"], claude
     assert answered(gateway, gateway.token) == 200  # another tenant goes on
 
     revoked = hookbus("gateway", "--revoke-token", digest(spare), "--tokens", str(gateway.tokens))

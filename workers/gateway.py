@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from bus.actions import PostToolUseResult
 from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookEvent
 from bus.keys import check_tenant
@@ -272,6 +273,7 @@ def _json(status: int, value: Any, **headers: str) -> Answer:
 
 
 UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="hookbus"'}
+POST_TOOL_USE, POST_TOOL_USE_FAILURE = HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE
 
 
 #: The longest session id ``/v1/sessions/{id}/cancel`` takes (characters).
@@ -310,6 +312,7 @@ class Gateway:
             "refused": 0,
             "no_counterpart": 0,
             "not_served": 0,
+            "unauthorized_refused": 0,
             "cancelled": 0,
         }
 
@@ -434,10 +437,36 @@ class Gateway:
         # Claude Code takes any answer but a 2xx as a non-blocking error and runs the tool: a
         # call that waits on a decision is denied instead (never approved by default).
         closed = fail_closed(call, f"{reason}; denied (fail closed)")
+        if closed is None and call.event in (
+            HookEvent.POST_TOOL_USE,
+            HookEvent.POST_TOOL_USE_FAILURE,
+        ):
+            # The output a redactor never saw is withheld, in the shape Claude Code applies.
+            withheld = PostToolUseResult(
+                final_content=f"[output withheld by HookBus: {reason}]", warnings=(reason,)
+            )
+            closed = to_claude_code(call, withheld)
         if closed is not None:
             self.stats["failed_closed"] += 1
             return _json(200, closed)
         return _json(504, {"error": reason})
+
+    def unauthorized_claude_code(self, body: bytes, why: str) -> Answer:
+        """A Claude Code hook call whose token the gateway does not accept (revoked, its tenant
+        removed, or wrong). Claude Code takes a 401 as a non-blocking error and runs the tool
+        unguarded, so the events that gate a tool or carry its output are refused with 200:
+        denied, output withheld, naming why. The event is found without a parser (the caller
+        is not known: no walk of its body)."""
+        from workers.claude_code import refused
+        from workers.claude_code_bridge import event_name
+
+        name = event_name(body)
+        answer = refused(name, f"the gateway does not accept this token ({why})")
+        if answer:
+            self.stats["unauthorized_refused"] += 1
+            _failures.warning("refused %s of a caller whose token is not accepted: %s", name, why)
+            return _json(200, answer)
+        return _json(401, {"error": why}, **UNAUTHORIZED)
 
     async def _unreadable(
         self, tenant: str, body: bytes, exc: InvalidInputError, status: int
@@ -533,9 +562,9 @@ def app(gateway: Gateway) -> Starlette:
 
     async def claude_code(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
-        if tenant is None:
-            return respond(_json(401, {"error": why}, **UNAUTHORIZED))
         body, whole = await _read(request, gateway.max_body)
+        if tenant is None:
+            return respond(gateway.unauthorized_claude_code(body, why))
         return respond(await gateway.claude_code(tenant, body, whole=whole))
 
     async def cancel(request: Request) -> Response:
