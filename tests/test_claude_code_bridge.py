@@ -71,7 +71,6 @@ def test_no_answer_blocks_tool_calls_and_only_warns_otherwise(
     down = f"http://127.0.0.1:{free_port()}"
     cases = [
         (down, gateway.token, "no answer from the HookBus gateway"),
-        (url, "wrong-token", "answered 401"),
         (url, None, "HOOKBUS_GATEWAY_TOKEN is not set"),
         ("https://127.0.0.1:1", gateway.token, "must be http://HOST:PORT"),
     ]
@@ -83,6 +82,13 @@ def test_no_answer_blocks_tool_calls_and_only_warns_otherwise(
             assert said in proc.stderr, (name, proc.stderr)
             if status == 2:
                 assert "blocked, since nothing could inspect it" in proc.stderr
+    # A wrong token: the gateway's denial of a tool call (PostToolUse: its output withheld),
+    # printed as it came; the other events, its 401, a non-blocking error.
+    for name in ("PreToolUse", "PermissionRequest", "PostToolUse"):
+        proc = run_bridge(INPUTS[name], url, "wrong-token")
+        assert proc.returncode == 0 and "does not accept this token" in proc.stdout, proc
+    proc = run_bridge(INPUTS["Stop"], url, "wrong-token")
+    assert (proc.returncode, proc.stdout) == (1, "") and "answered 401" in proc.stderr, proc
     # A tool call's input that is not Claude Code's: the gateway's denial, printed as it came.
     proc = run_bridge('{"hook_event_name": "PreToolUse"}', url, gateway.token)
     assert proc.returncode == 0, proc
