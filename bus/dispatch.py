@@ -209,10 +209,11 @@ class LocalCall(NamedTuple):
     spec: HookSpec
     method: Callable[[Any], Any]
     continued: Outcome
+    timeout: float | None  # the spec's, at hand: read for every hook of every dispatch
 
 
 def local_call(spec: HookSpec, method: Callable[[Any], Any]) -> LocalCall:
-    return LocalCall(spec, method, Outcome(spec, CONTINUE, None, "", 0.0))
+    return LocalCall(spec, method, Outcome(spec, CONTINUE, None, "", 0.0), spec.timeout)
 
 
 def start_local(
@@ -249,7 +250,7 @@ def start_local(
     next_hook = len(calls)
     inside = _inside_hook.set(True)  # the hooks started here (and their tasks) are inside
     try:
-        for i, (spec, method, continued) in enumerate(calls):
+        for i, (spec, method, continued, limit) in enumerate(calls):
             rest: Any = None
             try:
                 started = method(ctx)
@@ -272,13 +273,14 @@ def start_local(
                 outcomes[i] = _failure(event, spec, exc, t1 - t0)
                 t0 = t1
                 continue
-            t1 = perf()
-            if t1 - t0 > (limit := spec.timeout or default_timeout):
+            t1 = perf()  # one clock read per hook: what nothing could pre-empt is still judged
+            if t1 - t0 > (limit or default_timeout):
                 # It held the loop past its timeout, where nothing could pre-empt it: too late.
                 if rest is not None:  # it yielded at last: what is left of it never runs
                     rest.close()
                     started.close()
-                outcomes[i] = Outcome(spec, None, "timeout", overran(t1 - t0, limit), t1 - t0)
+                why = overran(t1 - t0, limit or default_timeout)
+                outcomes[i] = Outcome(spec, None, "timeout", why, t1 - t0)
                 t0 = t1
                 continue
             if rest is not None:  # it suspended: the rest of it runs in a task, under its deadline
