@@ -20,7 +20,7 @@ from agent_adapter.client import HookClient
 from bus.settings import BusSettings, HookSettings
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.test_probes import get
-from workers.testing import context
+from workers.testing import context, wait_for_hooks
 
 HOOK = "SecretGuard"  # workers.demo_hooks: failure_policy "fail", PreToolUse on .env files
 IDLE = (
@@ -93,3 +93,28 @@ async def test_a_removed_hooks_replicas_stay_up_idle_and_serve_again_once_restor
     for proc in (serving, late):
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0
+
+
+@pytest.mark.redis
+async def test_a_replica_started_for_a_removed_async_hook_stays_up_idle(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    name, target = "AsyncMetricsHook", "workers.metrics:AsyncMetricsHook"
+    async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
+        first = procs.worker(bus_settings, target, "first")
+        await wait_for_hooks(client, name, timeout=60)
+        removed = await asyncio.to_thread(operator, bus_settings, "remove", name)
+        assert removed.returncode == 0, removed.stderr
+        assert await asyncio.to_thread(first.wait, 60) == 0  # the running one stops (exit 0)
+
+        late = procs.worker(bus_settings, target, "late")  # its restart: up, idle, says so
+        idle = f"hookbus hooks restore {name}; this replica stays up, idle"
+        await wait_for(lambda: idle in procs.logs(), 60, "the late replica to say it idles")
+        assert late.poll() is None, procs.logs()
+
+        restored = await asyncio.to_thread(operator, bus_settings, "restore", name)
+        assert restored.returncode == 0, restored.stderr
+        await wait_for(lambda: f"hook {name} was restored" in procs.logs(), 60, "restored")
+        await wait_for_hooks(client, name, timeout=60)  # it serves again, without a restart
+    late.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(late.wait, 60) == 0

@@ -84,6 +84,43 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
+async def idle_while_removed(
+    redis: Redis,
+    keys: Keys,
+    name: str,
+    health: Health,
+    every: float,
+    stop: asyncio.Event,
+    why: str = "",
+    *,
+    say: bool = True,
+) -> bool:
+    """A replica of a hook an operator removed: up, ready (``health`` beats while Redis
+    answers) but idle, until the hook is restored (True) or ``stop`` is set (False). Looks
+    every ``every`` seconds; says once (if ``say``) why, and how to undo it: ``why``, else the
+    tombstone's own words. Exiting instead would make a Deployment restart it in a loop."""
+    said = False
+    while not stop.is_set():
+        try:
+            tomb = retired_hook(await read_manifest(redis, keys, name))
+        except (RedisError, OSError) as exc:
+            log.debug("could not read the manifest of %s: %s", name, exc)
+        else:
+            if tomb is None:
+                log.info("hook %s was restored: serving it again", name)
+                return True
+            health.beat()  # ready: Redis answers, and this replica does what it should
+            if not said and say:
+                log.warning(
+                    "%s; this replica stays up, idle (it answers nothing), until then",
+                    why or refuse_retired(tomb),
+                )
+            said = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+    return False
+
+
 async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
     await source.wait()
     target.set()
@@ -298,28 +335,11 @@ class HookWorker:
         return self.removed and not stop.is_set()
 
     async def _idle(self, why: str, stop: asyncio.Event) -> bool:
-        """Ready but idle while the hook stays removed: True once it is restored, False if
-        ``stop`` is set first. ``why``: the line to log (else the tombstone's own)."""
-        said = False
-        while not stop.is_set():
-            try:
-                tomb = retired_hook(await read_manifest(self.redis, self.keys, self.spec.name))
-            except (RedisError, OSError) as exc:
-                log.debug("could not read the manifest of %s: %s", self.spec.name, exc)
-            else:
-                if tomb is None:
-                    log.info("hook %s was restored: serving it again", self.spec.name)
-                    return True
-                self.health.beat()  # ready: Redis answers, and this replica does as it should
-                if not said and self.owns_hook:
-                    log.warning(
-                        "%s; this replica stays up, idle (it answers nothing), until then",
-                        why or refuse_retired(tomb),
-                    )
-                said = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.heartbeat_secs)
-        return False
+        """Ready but idle while the hook stays removed (``idle_while_removed``)."""
+        return await idle_while_removed(
+            self.redis, self.keys, self.spec.name, self.health, self.settings.heartbeat_secs,
+            stop, why, say=self.owns_hook,
+        )  # fmt: skip
 
     async def _retry(self, fn: Any, stop: asyncio.Event) -> None:
         backoff = 0.1
