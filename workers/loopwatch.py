@@ -80,6 +80,8 @@ class LoopWatch:
         self.turned = time.monotonic()
         #: How many times the loop was found held past the threshold (for tests and stats).
         self.stalls = 0
+        #: True from a stall's first line until the loop turns again.
+        self.held = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -128,36 +130,55 @@ class LoopWatch:
                         turned - held_since,
                         key="turns",
                     )
-                    held_since = None
+                    held_since, self.held = None, False
                 continue
             if held_since != turned:
+                in_hook, where = self.where()
+                if where is None or self.turned != turned:  # waiting for I/O, or turning now:
+                    continue  # this whole process was paused (SIGSTOP, a starved machine)
                 held_since, said = turned, time.monotonic()
-                self.stalls += 1
-                _lines.error(
-                    "hook %s has held this worker's event loop for %.1fs (%s): requests wait and "
-                    "heartbeats stop, so this replica shows as not live meanwhile. A hook must "
-                    "not block: use `await asyncio.to_thread(...)` or an async library",
-                    self.name,
-                    lag,
-                    self.where(),
-                    key="held",
-                )
+                self.stalls, self.held = self.stalls + 1, True
+                if in_hook:
+                    _lines.error(
+                        "hook %s has held this worker's event loop for %.1fs (in %s): requests "
+                        "wait and heartbeats stop, so this replica shows as not live meanwhile. "
+                        "A hook must not block: use `await asyncio.to_thread(...)` or an async "
+                        "library",
+                        self.name,
+                        lag,
+                        where,
+                        key="held",
+                    )
+                else:
+                    _lines.error(
+                        "hook %s: this worker's event loop has not turned for %.1fs (not in the "
+                        "hook's code: at %s): requests wait and heartbeats stop meanwhile",
+                        self.name,
+                        lag,
+                        where,
+                        key="held elsewhere",
+                    )
             elif time.monotonic() - said >= self.repeat_secs:
                 said = time.monotonic()
-                log.error("hook %s: the event loop still held, %.0fs so far (%s)", self.name, lag,
-                          self.where())  # fmt: skip
+                log.error("hook %s: the event loop still held, %.0fs so far (at %s)", self.name,
+                          lag, self.where()[1])  # fmt: skip
 
-    def where(self) -> str:
-        """The line the loop thread is running: in the hook's own code if it is on the stack."""
+    def where(self) -> tuple[bool, str | None]:
+        """Whether the loop thread runs the hook's own code, and the line it runs there (else
+        its innermost line); None for the line when the loop only waits for I/O (its selector)."""
         frame = sys._current_frames().get(self._loop_thread)
         innermost = frame
         while frame is not None:
             if frame.f_code in self.codes:
-                return f"in {_describe(frame)}"
+                return True, _describe(frame)
             frame = frame.f_back
         if innermost is None:
-            return "where: unknown"
-        return f"not in the hook's code: at {_describe(innermost)}"
+            return False, "an unknown line"
+        if innermost.f_code.co_name in ("select", "poll") and "selectors" in (
+            innermost.f_code.co_filename
+        ):
+            return False, None
+        return False, _describe(innermost)
 
 
 def _describe(frame: types.FrameType) -> str:
