@@ -104,6 +104,9 @@ async def test_each_authoring_mistake_gets_one_outcome_in_all_four_paths(
     registry = HookRegistry(HookSettings(hook_timeout_secs=5))
     registry.add(cls())
     embedded.append(await registry.run_pre_tool_use(context("PreToolUse")))
+    registry = HookRegistry(HookSettings(hook_timeout_secs=5))  # as a session's hook: the
+    registry.add_session_hook("test-session", cls())  # dispatcher's general path
+    embedded.append(await registry.run_pre_tool_use(context("PreToolUse")))
     # Distributed: a HookClient asks the hook in a real hookbus worker process.
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
         await wait_live(client, mistake.hook)
