@@ -35,7 +35,7 @@ log = logging.getLogger("hookbus.loopwatch")
 _lines = RateLimitedLog(log)  # a hook that blocks on every request: one line per 10 s, counted
 
 #: How often the loop moves its timestamp, and how often the thread looks at it (seconds).
-TICK_SECS = 0.05
+TICK_SECS = 0.1
 #: While the loop stays held, a line every so many seconds.
 REPEAT_SECS = 10.0
 
