@@ -9,11 +9,19 @@ Hot path: each hook coroutine is started eagerly (one ``send``) in the caller's 
 answer without suspending, and then no task, no timer and no event-loop round trip is created.
 Only a hook that really awaits is wrapped in a task and put under its deadline. (Python 3.12's
 eager task factory does the same thing; HookBus supports 3.11.)
+
+What nothing can pre-empt is still judged: a hook that holds the event loop past its timeout
+(a blocking call in an ``async def``) answers too late to count, so its answer is recorded as
+a timeout, with a line that says what to change (``overran``), as is an answer that came after
+the hook's deadline because the loop was blocked. A hook method that returns something other
+than an awaitable (a plain ``def``, refused at load by ``spec_of``) fails; a hook that raises
+fails, and its traceback is logged here, once per kind (bus/ratelog.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
@@ -22,10 +30,14 @@ from typing import Any, NamedTuple, Protocol
 
 from bus.actions import CONTINUE, Continue
 from bus.aggregation import Outcome, check_answer
-from bus.errors import ConfigError, HookFailure
+from bus.errors import ConfigError, HookCrashed, HookFailure, LimitError
 from bus.events import HookContext, HookEvent
-from bus.hooks import HookSpec
+from bus.hooks import SYNC_METHODS, HookSpec
+from bus.ratelog import RateLimitedLog
 from bus.selection import Target
+
+log = logging.getLogger("hookbus.dispatch")
+_crashes = RateLimitedLog(log)
 
 Endpoint = Callable[[HookEvent, HookContext, float], Awaitable[Any]]
 
@@ -107,7 +119,48 @@ def _failure(event: HookEvent, spec: HookSpec, exc: BaseException, elapsed: floa
         return Outcome(spec, None, exc.kind, str(exc) or type(exc).__name__, elapsed)
     if isinstance(exc, TimeoutError):
         return Outcome(spec, None, "timeout", f"timed out: {exc}", elapsed)
-    return Outcome(spec, None, "error", f"{type(exc).__name__}: {exc}", elapsed)
+    detail = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, LimitError):  # the hook's own code raised (not a transport's refusal)
+        log_raised(spec.name, event, detail, exc)
+    return Outcome(spec, None, "error", detail, elapsed)
+
+
+def log_raised(hook: str, event: HookEvent, detail: str, exc: BaseException) -> None:
+    """Log a hook's exception where it ran: its traceback once per kind, then counted lines."""
+    _crashes.error(
+        "hook %s raised on %s: %s (it fails under its failure policy)",
+        hook,
+        event.value,
+        detail,
+        key=f"raised {hook} {type(exc).__name__}",
+        exc_info=exc,
+    )
+
+
+def not_a_coroutine(event: HookEvent, answer: object) -> str:
+    """Why a hook method's return value cannot be awaited (it was not an ``async def``)."""
+    method = SYNC_METHODS[event]
+    return (
+        f"{method}() returned {type(answer).__name__} instead of a coroutine: write it as "
+        f"`async def {method}(self, ctx)`"
+    )
+
+
+def overran(seconds: float, timeout: float) -> str:
+    """What a hook that held the event loop past its timeout is told."""
+    return (
+        f"held the event loop {seconds:.2f}s without yielding, past its {timeout:.3g}s timeout; "
+        "a blocking call in an async def? (use `await asyncio.to_thread(...)` or an async "
+        "library)"
+    )
+
+
+def late(seconds: float, timeout: float) -> str:
+    """What a hook whose answer came after its deadline (the loop was blocked) is told."""
+    return (
+        f"answered after {seconds:.2f}s, past its {timeout:.3g}s timeout: the event loop was "
+        "blocked meanwhile (a blocking call in an async def?)"
+    )
 
 
 def _start(
@@ -115,6 +168,7 @@ def _start(
     ctx: HookContext,
     target: DispatchTarget,
     deadline: float,
+    timeout: float,
     loop: asyncio.AbstractEventLoop,
 ) -> tuple[bool, Any]:
     """Start one hook: ``(True, outcome)`` if it answered at once, else ``(False, future)``."""
@@ -125,13 +179,19 @@ def _start(
             return False, (started, t0)
         if not isinstance(started, types.CoroutineType):
             if not isinstance(started, Awaitable):
-                return True, check_answer(event, target.spec, started, time.perf_counter() - t0)
+                raise HookCrashed(not_a_coroutine(event, started))
             started = _await(started)
         done, result = eager(started)
     except Exception as exc:  # a hook's crash is an outcome, not our crash
         return True, _failure(event, target.spec, exc, time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    if loop.time() > deadline:  # it held the loop past its deadline: nothing could stop it
+        if not done:  # it yielded at last, too late: what is left of it never runs
+            result.close()
+            started.close()
+        return True, Outcome(target.spec, None, "timeout", overran(elapsed, timeout), elapsed)
     if done:
-        return True, check_answer(event, target.spec, result, time.perf_counter() - t0)
+        return True, check_answer(event, target.spec, result, elapsed)
     return False, (loop.create_task(result), t0)
 
 
@@ -149,10 +209,11 @@ class LocalCall(NamedTuple):
     spec: HookSpec
     method: Callable[[Any], Any]
     continued: Outcome
+    timeout: float | None  # the spec's, at hand: read for every hook of every dispatch
 
 
 def local_call(spec: HookSpec, method: Callable[[Any], Any]) -> LocalCall:
-    return LocalCall(spec, method, Outcome(spec, CONTINUE, None, "", 0.0))
+    return LocalCall(spec, method, Outcome(spec, CONTINUE, None, "", 0.0), spec.timeout)
 
 
 def start_local(
@@ -189,7 +250,7 @@ def start_local(
     next_hook = len(calls)
     inside = _inside_hook.set(True)  # the hooks started here (and their tasks) are inside
     try:
-        for i, (spec, method, continued) in enumerate(calls):
+        for i, (spec, method, continued, limit) in enumerate(calls):
             rest: Any = None
             try:
                 started = method(ctx)
@@ -201,14 +262,25 @@ def start_local(
                     else:
                         rest = _resume(started, step)
                 elif isinstance(started, Awaitable):  # an awaitable that is not a coroutine
-                    done, answer = eager(_await(started))
+                    started = _await(started)
+                    done, answer = eager(started)
                     if not done:
                         rest, answer = answer, None
-                else:
-                    answer = started
+                else:  # a plain def (refused at load; assigned to the hook later, say)
+                    raise HookCrashed(not_a_coroutine(event, started))
             except Exception as exc:  # a hook's crash is an outcome, not our crash
                 t1 = perf()
                 outcomes[i] = _failure(event, spec, exc, t1 - t0)
+                t0 = t1
+                continue
+            t1 = perf()  # one clock read per hook: what nothing could pre-empt is still judged
+            if t1 - t0 > (limit or default_timeout):
+                # It held the loop past its timeout, where nothing could pre-empt it: too late.
+                if rest is not None:  # it yielded at last: what is left of it never runs
+                    rest.close()
+                    started.close()
+                why = overran(t1 - t0, limit or default_timeout)
+                outcomes[i] = Outcome(spec, None, "timeout", why, t1 - t0)
                 t0 = t1
                 continue
             if rest is not None:  # it suspended: the rest of it runs in a task, under its deadline
@@ -226,13 +298,8 @@ def start_local(
                 t0 = perf()
                 continue
             if type(answer) is Continue:  # the usual answer, allowed for every event
-                if not timed:
-                    outcomes[i] = continued
-                    continue
-                t1 = perf()
-                outcomes[i] = Outcome(spec, answer, None, "", t1 - t0)
+                outcomes[i] = continued if not timed else Outcome(spec, answer, None, "", t1 - t0)
             else:
-                t1 = perf()
                 outcomes[i] = check_answer(event, spec, answer, t1 - t0)
             t0 = t1
     finally:
@@ -303,7 +370,7 @@ async def run_targets(
             deadline = base + timeout
             if cap is not None and cap < deadline:
                 deadline, timeout = cap, max(0.0, cap - base)
-            done, state = _start(event, ctx, target, deadline, loop)
+            done, state = _start(event, ctx, target, deadline, timeout, loop)
             if done:
                 outcomes[i] = state
                 continue
@@ -384,11 +451,15 @@ async def _collect_until_done(
                 finally:
                     timer.cancel()
             for future in [f for f in pending if f in finished]:
-                i, _, t0, _ = pending.pop(future)
+                i, _, t0, timeout = pending.pop(future)
                 elapsed = finished.pop(future) - t0
                 spec = targets[i].spec
                 if future.cancelled():
                     outcomes[i] = Outcome(spec, None, "error", "cancelled", elapsed)
+                elif isinstance(future, asyncio.Task) and elapsed > timeout:
+                    # A hook of this process (a task) that answered after its deadline: the loop
+                    # was blocked, so its timer could not fire first. Too late all the same.
+                    outcomes[i] = Outcome(spec, None, "timeout", late(elapsed, timeout), elapsed)
                 elif (exc := future.exception()) is not None:
                     outcomes[i] = _failure(event, spec, exc, elapsed)
                 else:

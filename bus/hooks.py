@@ -19,12 +19,16 @@ into Block (PreToolUse) or Deny (PermissionRequest); on other events a failure i
 A hook is checked when it loads (``spec_of``: ``HookRegistry.add*``, ``hookbus worker``): a
 public method that looks like a hook method but is not one of its kind's (``pre_tooluse``,
 ``on_pre_tool_use``, ``post_tool_use`` on an async hook) and a subscribed event without its
-method are refused with a "did you mean", since either would silently never run.
+method are refused with a "did you mean", since either would silently never run. So is a hook
+method written as a plain ``def``: the dispatcher awaits what a hook method returns, and a
+service's worker would fail every call to it, so it is refused where it loads, in every mode,
+rather than run differently in each.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
@@ -291,6 +295,9 @@ def check_methods(
             f"{method}() is not a method {kind} is called with: "
             + (hint or "a helper? give it a leading underscore")
         )
+    for method in [*table.values(), *(("on_batch", "on_audit") if is_async else ())]:
+        if _overrides(hook, base, method) and (why := not_async(getattr(hook, method))):
+            raise ConfigError(f"hook {name}: {method}() {why}")
     batches = is_async and getattr(hook, "handles_batches", False)
     if batches and not _overrides(hook, base, "on_batch"):
         problems.append("handles_batches is set but on_batch() is not implemented")
@@ -309,6 +316,21 @@ def check_methods(
             f"hook {name} would silently never run some of its code:{listed}\n"
             f"  {kind}'s methods: {', '.join(table.values())} (docs/writing-hooks.md)"
         )
+
+
+def not_async(method: object) -> str:
+    """Why ``method`` cannot be a hook method (it is not a coroutine function), or ""."""
+    if inspect.iscoroutinefunction(method):
+        return ""
+    if not callable(method):
+        return f"is a {type(method).__name__}, not a method"
+    if inspect.isasyncgenfunction(method):
+        return "is an async generator (it has a yield); a hook method returns its answer"
+    name = getattr(method, "__name__", "method")
+    return (
+        f"is a plain def; write `async def {name}(self, ctx)` (hook methods are awaited; for "
+        "blocking work inside one, `await asyncio.to_thread(...)`)"
+    )
 
 
 def spec_of(hook: AgentHook | AsyncAgentHook) -> HookSpec:

@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+#: What ``exc_info`` may be: True for the exception being handled, or an exception.
+ExcInfo = bool | BaseException
+
 #: Seconds between two lines of the same kind of failure.
 INTERVAL_SECS = 10.0
 
@@ -46,18 +49,21 @@ class RateLimitedLog:
         self.interval = interval
         self._kinds: dict[str, _Kind] = {}
 
-    def warning(self, msg: str, *args: Any, key: str = "", exc_info: bool = False) -> None:
+    def warning(self, msg: str, *args: Any, key: str = "", exc_info: ExcInfo = False) -> None:
         self.log(logging.WARNING, msg, *args, key=key, exc_info=exc_info)
 
-    def error(self, msg: str, *args: Any, key: str = "", exc_info: bool = False) -> None:
+    def error(self, msg: str, *args: Any, key: str = "", exc_info: ExcInfo = False) -> None:
         self.log(logging.ERROR, msg, *args, key=key, exc_info=exc_info)
 
     def info(self, msg: str, *args: Any, key: str = "") -> None:
         self.log(logging.INFO, msg, *args, key=key)
 
-    def log(self, level: int, msg: str, *args: Any, key: str = "", exc_info: bool = False) -> None:
+    def log(
+        self, level: int, msg: str, *args: Any, key: str = "", exc_info: ExcInfo = False
+    ) -> None:
         """Log ``msg % args`` now, or count it if its kind (``key``, else ``msg``) was logged
-        less than ``interval`` seconds ago."""
+        less than ``interval`` seconds ago. ``exc_info``: True (the exception being handled)
+        or an exception, whose traceback goes with the kind's first line only."""
         if not self.logger.isEnabledFor(level):
             return
         kind_key = key or msg
@@ -79,8 +85,8 @@ class RateLimitedLog:
             kind.flush.cancel()
             kind.flush = None
         repeats = kind.suppressed + 1
-        self._emit(kind, level, msg, args, repeats, exc_info and not kind.traced)
-        kind.traced = kind.traced or exc_info
+        self._emit(kind, level, msg, args, repeats, exc_info if not kind.traced else False)
+        kind.traced = kind.traced or bool(exc_info)
 
     def _flush(self, kind: _Kind) -> None:
         kind.flush = None
@@ -95,7 +101,7 @@ class RateLimitedLog:
         msg: str,
         args: tuple[Any, ...],
         repeats: int,
-        exc_info: bool,
+        exc_info: ExcInfo,
     ) -> None:
         """One line: the occurrence, and how many of its kind it stands for if more than one."""
         if repeats > 1:

@@ -46,7 +46,7 @@ from bus import telemetry
 from bus.clock import START_SAMPLES, RedisClock
 from bus.directory import write_manifest
 from bus.dispatch import eager
-from bus.errors import ProtocolError
+from bus.errors import HookRetired, ProtocolError
 from bus.events import TOOL_EVENTS, HookEvent, session_of, tool_of
 from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_event, spec_of
 from bus.keys import Keys, check_name
@@ -76,6 +76,7 @@ from bus.redis_io import (
 from bus.retention import Gap, Retention, group_backlogs
 from bus.settings import BusSettings, HookSettings
 from workers.probes import Health
+from workers.worker import idle_while_removed
 
 log = logging.getLogger("hookbus.async")
 _failures = RateLimitedLog(log)
@@ -212,6 +213,9 @@ class AsyncHookWorker:
             except UNREACHABLE as exc:
                 log.warning("Redis unreachable (%s); retrying", exc)
                 await asyncio.sleep(0.5)
+            except HookRetired as exc:  # removed: up, ready but idle until restored (issue 30)
+                await idle_while_removed(self.redis, self.keys, self.group, self.health,
+                                         self.settings.heartbeat_secs, stop, str(exc))  # fmt: skip
         keeper = asyncio.create_task(self._keep_alive(stop))
         try:
             await self._read_loop(stop)

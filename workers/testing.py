@@ -13,6 +13,11 @@ test against a real worker process on a private Redis.
         result = await hooks.run_pre_tool_use(context("PreToolUse", tool_name="file_read"))
 
 ``wait_for_hooks(client, "MyHook", ...)`` waits for hook services a test started itself.
+
+A hook's mistakes get here the outcome they get in production (docs/writing-hooks.md, "When a
+hook goes wrong"): a plain ``def`` hook method is refused when ``dispatch`` loads the hook, as
+``hookbus worker`` refuses it; a hook that raises, answers the wrong type or holds the event
+loop past its timeout fails under its failure policy, as it does behind ``served``.
 """
 
 from __future__ import annotations

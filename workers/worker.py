@@ -23,6 +23,8 @@ import logging
 import os
 import socket
 import time
+import types
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -31,11 +33,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bus import telemetry
-from bus.aggregation import ALLOWED_ACTIONS
+from bus.aggregation import ALLOWED_ACTIONS, check_answer
 from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
-from bus.directory import write_manifest
-from bus.dispatch import eager
-from bus.errors import ConfigError, LimitError, ProtocolError
+from bus.directory import read_manifest, write_manifest
+from bus.dispatch import eager, late, log_raised, not_a_coroutine, overran
+from bus.errors import ConfigError, HookCrashed, HookRetired, LimitError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, spec_of
 from bus.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
@@ -65,15 +67,63 @@ from bus.redis_io import (
     hand_over,
     keep_and_claim,
     pipelined,
+    refuse_retired,
     retire_replica,
 )
 from bus.settings import BusSettings
 from workers.loading import load_hook as load_hook  # where callers have found it
+from workers.loopwatch import LoopWatch, hook_codes
 from workers.probes import Health
 
 log = logging.getLogger("hookbus.worker")
 _failures = RateLimitedLog(log)
 REPLY_TTL_MS = 60_000
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+async def idle_while_removed(
+    redis: Redis,
+    keys: Keys,
+    name: str,
+    health: Health,
+    every: float,
+    stop: asyncio.Event,
+    why: str = "",
+    *,
+    say: bool = True,
+) -> bool:
+    """A replica of a hook an operator removed: up, ready (``health`` beats while Redis
+    answers) but idle, until the hook is restored (True) or ``stop`` is set (False). Looks
+    every ``every`` seconds; says once (if ``say``) why, and how to undo it: ``why``, else the
+    tombstone's own words. Exiting instead would make a Deployment restart it in a loop."""
+    said = False
+    while not stop.is_set():
+        try:
+            tomb = retired_hook(await read_manifest(redis, keys, name))
+        except (RedisError, OSError) as exc:
+            log.debug("could not read the manifest of %s: %s", name, exc)
+        else:
+            if tomb is None:
+                log.info("hook %s was restored: serving it again", name)
+                return True
+            health.beat()  # ready: Redis answers, and this replica does what it should
+            if not said and say:
+                log.warning(
+                    "%s; this replica stays up, idle (it answers nothing), until then",
+                    why or refuse_retired(tomb),
+                )
+            said = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+    return False
+
+
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
 
 
 class _Head(msgspec.Struct):
@@ -174,7 +224,7 @@ class HookWorker:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
         self.redis = connect(settings)
         self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0,
-                      "unsent": 0}  # fmt: skip
+                      "unsent": 0, "overran": 0}  # fmt: skip
         # Deadlines are on Redis's clock (bus/clock.py); drops past them are counted and logged.
         self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
@@ -182,6 +232,7 @@ class HookWorker:
         self._settled = Settled()
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
+        self.removed = False  # an operator removed the hook while this replica served it
         self.manifest = b""
         self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
 
@@ -227,21 +278,32 @@ class HookWorker:
     # -- the service loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set, then finish in-flight requests and deregister."""
-        await self._retry(self.register, stop)
-        keeper = asyncio.create_task(self._keep_alive(stop))
+        """Serve until ``stop`` is set, then finish in-flight requests and deregister.
+
+        While an operator has removed the hook (``hookbus hooks remove``), whether before this
+        replica started or while it serves, it stays up, ready but idle: it answers nothing,
+        says once why and how to undo it, and serves again once the hook is restored (``hookbus
+        hooks restore``). Exiting instead would make a Deployment restart it in a loop.
+        """
+        watch = None
+        if self.owns_hook:  # one watchdog per process, whatever the lanes
+            threshold = max(0.25, min(1.0, self.spec.timeout or 1.0))
+            watch = LoopWatch(self.spec.name, hook_codes(self.hook), threshold)
+            watch.start()
         try:
-            await self._read_loop(stop)
+            while not stop.is_set():
+                try:
+                    await self._retry(self.register, stop)
+                except HookRetired as exc:
+                    if await self._idle(str(exc), stop):
+                        continue
+                    break
+                if not await self._serve(stop) or not await self._idle("", stop):
+                    break
         finally:
+            if watch is not None:
+                watch.stop()
             self.health.stopping()
-            if tasks := [t for t in self._in_flight.values() if t is not None]:
-                await asyncio.wait(tasks, timeout=30)
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
-            try:
-                await self.deregister()
-            except RedisError as exc:
-                log.warning("could not deregister %s: %s", self.replica, exc)
             await self.redis.aclose()
             close = getattr(self.hook, "close", None) if self.owns_hook else None
             if callable(close):  # let the hook release what it holds (files, connections)
@@ -250,6 +312,34 @@ class HookWorker:
                     await result
             self.expired.flush()
             log.info("hook %s replica %s stopped: %s", self.spec.name, self.replica, self.stats)
+
+    async def _serve(self, stop: asyncio.Event) -> bool:
+        """Serve until ``stop`` is set or an operator removes the hook (then True), then
+        finish in-flight requests and deregister."""
+        serving = asyncio.Event()  # set by ``stop``, or by the keep-alive seeing a tombstone
+        relay = asyncio.create_task(_relay(stop, serving))
+        self.removed = False
+        keeper = asyncio.create_task(self._keep_alive(serving))
+        try:
+            await self._read_loop(serving)
+        finally:
+            if tasks := [t for t in self._in_flight.values() if t is not None]:
+                await asyncio.wait(tasks, timeout=30)
+            for task in (keeper, relay):
+                task.cancel()
+            await asyncio.gather(keeper, relay, return_exceptions=True)
+            try:
+                await self.deregister()
+            except RedisError as exc:
+                log.warning("could not deregister %s: %s", self.replica, exc)
+        return self.removed and not stop.is_set()
+
+    async def _idle(self, why: str, stop: asyncio.Event) -> bool:
+        """Ready but idle while the hook stays removed (``idle_while_removed``)."""
+        return await idle_while_removed(
+            self.redis, self.keys, self.spec.name, self.health, self.settings.heartbeat_secs,
+            stop, why, say=self.owns_hook,
+        )  # fmt: skip
 
     async def _retry(self, fn: Any, stop: asyncio.Event) -> None:
         backoff = 0.1
@@ -414,21 +504,65 @@ class HookWorker:
     async def _run_hook(
         self, request: HookRequest, ctx: Any, remaining: float
     ) -> tuple[str, Any, str] | None:
-        """(status, action, error) of one hook call, or None if it ran out of time."""
+        """(status, action, error) of one hook call, or None if it ran out of time. Decided as
+        the embedded dispatcher decides (bus/dispatch.py), and every failure is logged here,
+        where the hook ran (once per kind, then counted: bus/ratelog.py)."""
+        event = request.event
+        t0 = time.perf_counter()
         try:
-            method = getattr(self.hook, SYNC_METHODS[request.event])
-            done, answer = eager(method(ctx))  # most hooks answer without awaiting anything
+            started = getattr(self.hook, SYNC_METHODS[event])(ctx)
+            if type(started) is not types.CoroutineType:
+                if not isinstance(started, Awaitable):  # a plain def (refused at load)
+                    raise HookCrashed(not_a_coroutine(event, started))
+                started = _awaited(started)
+            done, answer = eager(started)  # most hooks answer without awaiting anything
+            if (elapsed := time.perf_counter() - t0) > remaining:
+                if not done:  # it yielded at last, too late: what is left of it never runs
+                    answer.close()
+                    started.close()
+                self._too_late(event, overran(elapsed, remaining))
+                return None
             if not done:
-                answer = await asyncio.wait_for(answer, remaining)
-            allowed = ALLOWED_ACTIONS.get(request.event)
-            if allowed is not None and answer is not None and not isinstance(answer, allowed):
-                raise TypeError(f"answered {type(answer).__name__} to {request.event}")
-            return "ok", (answer if allowed is not None else None), ""
+                answer = await asyncio.wait_for(answer, remaining - elapsed)
+                if (elapsed := time.perf_counter() - t0) > remaining:
+                    self._too_late(event, late(elapsed, remaining))
+                    return None
         except TimeoutError:
             return None
+        except HookCrashed as exc:
+            return self._failed(event, str(exc))
         except Exception as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            log_raised(self.spec.name, event, detail, exc)
             self.stats["errors"] += 1
-            return "error", None, f"{type(exc).__name__}: {exc}"
+            return "error", None, detail
+        outcome = check_answer(event, self.spec, answer, 0.0)
+        if outcome.failure is not None:  # the wrong type, or an answer too large to send
+            return self._failed(event, outcome.detail)
+        return "ok", (outcome.action if event in ALLOWED_ACTIONS else None), ""
+
+    def _failed(self, event: Any, detail: str) -> tuple[str, Any, str]:
+        self.stats["errors"] += 1
+        _failures.error(
+            "hook %s failed on %s: %s (it fails under its failure policy)",
+            self.spec.name,
+            event.value,
+            detail,
+            key=f"failed {detail[:40]}",
+        )
+        return "error", None, detail
+
+    def _too_late(self, event: Any, detail: str) -> None:
+        """A hook that held the event loop past the request's deadline: no reply (the asker
+        has timed out), and a line that says what to change."""
+        self.stats["overran"] += 1
+        _failures.error(
+            "hook %s %s; the request for %s was dropped (its asker timed out)",
+            self.spec.name,
+            detail,
+            event.value,
+            key="overran",
+        )
 
     async def _traced(
         self, request: HookRequest, ctx: Any, remaining: float
@@ -495,7 +629,11 @@ class HookWorker:
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
                     if await self._heartbeat():
-                        log.warning("hook %s was removed by an operator; stopping", self.spec.name)
+                        log.warning(
+                            "hook %s was removed by an operator: this replica stops serving it",
+                            self.spec.name,
+                        )
+                        self.removed = True
                         stop.set()
                         return
                     last_beat = time.monotonic()
