@@ -48,8 +48,8 @@ test: lint redis-check node-deps
 	$(BIN)/pytest
 
 # deploy/redis/users.acl: the ACL users of the Compose stack's hooks and the demo tenant
-# (workers/acl.py; tests/test_deploy.py checks it is up to date).
-STACK_HOOKS = workers.cancellation:RedisCancellationHook,workers.demo_hooks:SecretGuard,workers.audit:AsyncAuditLogHook,workers.metrics:AsyncMetricsHook
+# (workers/ops/acl.py; tests/test_deploy.py checks it is up to date).
+STACK_HOOKS = workers.builtins.cancellation:RedisCancellationHook,workers.builtins.demo_hooks:SecretGuard,workers.builtins.audit:AsyncAuditLogHook,workers.builtins.metrics:AsyncMetricsHook
 .PHONY: acl
 acl: $(DEV)
 	$(BIN)/hookbus acl --hooks $(STACK_HOOKS) --tenants demo -o deploy/redis/users.acl

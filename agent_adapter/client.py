@@ -8,11 +8,11 @@ come from the hook services through the coordinator that runs inside the client.
 from __future__ import annotations
 
 from bus import NotifyResult, SessionStopContext, StepCompleteContext
-from bus.coordinator import Coordinator
 from bus.dispatch import check_outside_hooks
-from bus.keys import check_name, session_digest
 from bus.protocol import ControlMessage, encode
 from bus.settings import BusSettings, HookSettings
+from bus.transport.coordinator import Coordinator
+from bus.transport.keys import check_name, session_digest
 
 
 class HookClient(Coordinator):

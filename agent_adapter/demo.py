@@ -30,14 +30,15 @@ from agent_adapter.llm import ChatMessage, LLMReply, ScriptedLLM, answer, call, 
 from agent_adapter.permissions import PermissionChecker, PermissionRule
 from agent_adapter.runtime import AgentRuntime, TurnResult
 from agent_adapter.tools import sandbox_tools
-from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision, telemetry
+from bus import EventRunner, HookContext, HookEvent, HookSettings, PermissionDecision
 from bus.aggregation import Outcome, would_do
 from bus.errors import ConfigError
 from bus.logfmt import LineFormatter
 from bus.settings import BusSettings, env_value
-from workers.builtins import MetricsData, MetricsHook, with_builtins
-from workers.demo_hooks import DEMO_HOOKS, EventCounter
-from workers.redis_server import RedisServer, find_redis_server
+from bus.telemetry import tracing as telemetry
+from workers.builtins.demo_hooks import DEMO_HOOKS, EventCounter
+from workers.builtins.embedded import MetricsData, MetricsHook, with_builtins
+from workers.local.redis_server import RedisServer, find_redis_server
 
 CONFIG = "\n".join(
     ["# service configuration", "API_KEY=sk-live-51Hx9d2", "region=eu-west-1"]
@@ -228,9 +229,9 @@ def report(
 
 #: The hook services the distributed demo starts: the arguments of ``hookbus worker``.
 HOOK_SERVICES: list[list[str]] = [
-    *([f"workers.demo_hooks:{cls.__name__}"] for cls in DEMO_HOOKS),
-    ["workers.cancellation:RedisCancellationHook"],
-    ["workers.builtins:AuditLogHook", "--set", "redact=true"],
+    *([f"workers.builtins.demo_hooks:{cls.__name__}"] for cls in DEMO_HOOKS),
+    ["workers.builtins.cancellation:RedisCancellationHook"],
+    ["workers.builtins.embedded:AuditLogHook", "--set", "redact=true"],
 ]
 
 

@@ -42,10 +42,10 @@ from bus import (
     PostToolUseFailureContext,
     PreToolUseContext,
     TaggedContext,
-    telemetry,
 )
 from bus.actions import ShadowedAnswer
 from bus.aggregation import truncate
+from bus.telemetry import tracing as telemetry
 
 log = logging.getLogger("hookbus.executor")
 

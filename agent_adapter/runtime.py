@@ -34,11 +34,11 @@ from bus import (
     SubagentStopContext,
     TurnTerminal,
     render_system_reminder,
-    telemetry,
 )
 from bus.actions import ShadowedAnswer
-from bus.telemetry import instrument
-from workers.builtins import MetricsData
+from bus.telemetry import tracing as telemetry
+from bus.telemetry.tracing import instrument
+from workers.builtins.embedded import MetricsData
 
 log = logging.getLogger("hookbus.runtime")
 

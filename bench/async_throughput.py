@@ -64,8 +64,8 @@ from bench.common import (
 )
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
-from bus.keys import Keys
 from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
+from bus.transport.keys import Keys
 
 MODULE = "bench.async_throughput"
 RESULTS = Path(__file__).resolve().parent / "results" / "async_throughput.json"
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
 
-    from workers.redis_server import RedisServer
+    from workers.local.redis_server import RedisServer
 
     previous = signal.signal(signal.SIGTERM, terminated)
     started = time.monotonic()

@@ -6,12 +6,12 @@ Two targets, each started by the benchmark on loopback and stopped at the end:
     one ``redis-server`` (AOF on, as the cluster's nodes), the one-node default layout:
     ``HOOKBUS_PARTITIONS=1``, one request stream per hook.
 cluster
-    a :class:`workers.redis_cluster.LocalCluster`: 3 masters + 3 replicas (asynchronous
+    a :class:`workers.local.redis_cluster.LocalCluster`: 3 masters + 3 replicas (asynchronous
     replication), ``redis+cluster://`` URLs, ``HOOKBUS_PARTITIONS=6`` and the hook's requests
     sharded 3 ways (``hookbus worker --shards 3``).
 
 Two workloads on each, HookBus and a floor hand-written on the same library (redis-py asyncio,
-``bench/cluster_load.py``) with the same key layout (bus/keys.py), so the same slots:
+``bench/cluster_load.py``) with the same key layout (bus/transport/keys.py), so the same slots:
 
 decisions
     ``agents`` processes, each with ``sessions`` concurrent sessions making sequential
@@ -22,8 +22,8 @@ decisions
     → pipelined RPUSH + XACK. Figure: decisions / (first agent's start → last agent's end).
 events
     this process XADDs M events of 64 sessions (so every partition gets some) in batches of
-    500, with ``bus.redis_io.xadd_batch`` (what a coordinator publishes with) for HookBus and a
-    raw pipeline for the floor, while the consumers are stopped (SIGSTOP); then the consumers
+    500, with ``bus.transport.redis_io.xadd_batch`` (what a coordinator publishes with) for HookBus
+    and a raw pipeline for the floor, while the consumers are stopped (SIGSTOP); then the consumers
     go on (SIGCONT): 2 async hook groups of 2 replicas each, reading every partition. HookBus:
     ``hookbus worker bench.cluster:NoopA`` / ``NoopB``. Floor: one task per partition doing
     XREADGROUP BLOCK → decode → XACK. Figures: events/s = M / (consumers resumed → every group
@@ -83,14 +83,14 @@ from bench.sync_dispatch import _dying_with_us
 from bus.actions import CONTINUE, PreToolUseAction
 from bus.events import HookEvent, PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.hooks import AgentHook, AsyncAgentHook
-from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms, raw
-from bus.redis_io import close as close_client
-from bus.redis_io import connect, xadd_batch
-from bus.retention import hard_cap
 from bus.settings import BusSettings
-from workers.redis_cluster import LocalCluster
-from workers.redis_server import RedisServer
+from bus.transport.keys import Keys
+from bus.transport.redis_io import close as close_client
+from bus.transport.redis_io import connect, xadd_batch
+from bus.transport.retention import hard_cap
+from workers.local.redis_cluster import LocalCluster
+from workers.local.redis_server import RedisServer
 
 MODULE = "bench.cluster"
 RESULTS = Path(__file__).resolve().parent / "results" / "cluster.json"

@@ -6,8 +6,8 @@
     python -m bench.cluster_load floor-consumer URL PREFIX GROUP
 
 ``HOOKBUS_PARTITIONS`` and ``BENCH_SHARDS`` (the hook's request shards) in the environment give
-the key layout, which the floor shares with HookBus (bus/keys.py): the same streams on the same
-slots, so that both spread over a cluster alike. ``URL`` is ``redis://`` (one node) or
+the key layout, which the floor shares with HookBus (bus/transport/keys.py): the same streams on the
+same slots, so that both spread over a cluster alike. ``URL`` is ``redis://`` (one node) or
 ``redis+cluster://`` (redis-py's cluster client), for HookBus and floor alike.
 
 agent
@@ -45,8 +45,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from bench.floor_worker import FloorReply, FloorRequest, hook_reply, hook_request
-from bus.keys import Keys
-from bus.redis_io import ClusterClient
+from bus.transport.keys import Keys
+from bus.transport.redis_io import ClusterClient
 
 GROUP = "workers"
 BLOCK_MS = 200
@@ -59,8 +59,8 @@ _reply = msgspec.json.Decoder(FloorReply).decode
 
 def floor_connect(url: str) -> Redis:
     """redis-py at its cheapest: no socket timeout; for ``+cluster`` URLs the cluster client,
-    routing its reads by their key as HookBus's does (bus.redis_io.ClusterClient: without it,
-    redis-py asks a node for the key of every XREADGROUP and BLMPOP)."""
+    routing its reads by their key as HookBus's does (bus.transport.redis_io.ClusterClient: without
+    it, redis-py asks a node for the key of every XREADGROUP and BLMPOP)."""
     scheme, _, rest = url.partition("://")
     if scheme.endswith("+cluster"):
         cluster = ClusterClient.from_url(f"{scheme.removesuffix('+cluster')}://{rest}")
@@ -73,7 +73,7 @@ def layout() -> tuple[int, int]:
 
 
 def shard_of(session_id: str, shards: int) -> int:
-    """As bus/directory.py picks a request shard for a session."""
+    """As bus/transport/directory.py picks a request shard for a session."""
     return 0 if shards <= 1 else zlib.crc32(session_id.encode()) % shards
 
 

@@ -59,7 +59,7 @@ Run = Callable[[], Awaitable[Any]]
 
 def _registry(hooks: int) -> Any:
     from bus import HookRegistry
-    from workers.demo_hooks import Redactor, SecretGuard
+    from workers.builtins.demo_hooks import Redactor, SecretGuard
 
     registry = HookRegistry()
     if hooks:
@@ -178,7 +178,7 @@ async def _measure(framework: str, plan: Plan, settings: Any) -> dict[str, list[
 
 def main(argv: list[str] | None = None) -> int:
     from bus.settings import BusSettings
-    from workers.redis_server import RedisServer
+    from workers.local.redis_server import RedisServer
 
     argv = list(sys.argv[1:] if argv is None else argv)
     quick = "--quick" in argv
@@ -193,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = BusSettings(redis_url=redis.url, prefix=prefix)
         try:
             for hook in HOOKS:
-                children.start(hook, "workers.cli", ["worker", f"workers.demo_hooks:{hook}"], env)
+                children.start(
+                    hook, "workers.cli", ["worker", f"workers.builtins.demo_hooks:{hook}"], env
+                )
             for framework in FRAMEWORKS:
                 progress(f"{framework} ...")
                 samples = asyncio.run(_measure(framework, plan, settings))

@@ -60,10 +60,10 @@ from bench.sync_dispatch import (
     run_benchmark,
     wait_until,
 )
-from bus.keys import Keys
 from bus.protocol import PROTOCOL_VERSION, new_id, now_ms, raw
-from workers.gateway import digest
-from workers.redis_server import free_port
+from bus.transport.keys import Keys
+from workers.local.redis_server import free_port
+from workers.services.gateway import digest
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_gateway.json"
 SERIES = ("http", "claude-code", "redis", "floor", "bridge")

@@ -67,11 +67,11 @@ from bench.floor_worker import fan_out, hook_reply, hook_request, requests_key
 from bus.actions import CONTINUE, Continue, PreToolUseAction
 from bus.events import HookEvent, PreToolUseContext
 from bus.hooks import AgentHook
-from bus.keys import Keys
 from bus.protocol import DecisionRequest, HookReply, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings, HookSettings
+from bus.transport.keys import Keys
 from workers.cli.common import freeze_start_up_heap
-from workers.redis_server import RedisServer
+from workers.local.redis_server import RedisServer
 
 HOOK_COUNTS = (1, 3, 8)
 TARGET_HOOKS = (1, 3)

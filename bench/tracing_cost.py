@@ -98,8 +98,9 @@ async def _agent(out: TextIO) -> None:
     """HookBus's agent: ``HookClient.run_pre_tool_use`` in a ``tool`` span, as the executor."""
     from agent_adapter.client import HookClient
     from bench.sync_dispatch import context
-    from bus import HookSettings, telemetry
+    from bus import HookSettings
     from bus.settings import BusSettings
+    from bus.telemetry import tracing as telemetry
 
     traced = telemetry.configure("bench-agent")
     client = await HookClient(BusSettings.from_env(), HookSettings(hook_timeout_secs=5)).start()
@@ -236,7 +237,7 @@ def _env(url: str, name: str, on: bool, endpoint: str) -> dict[str, str]:
 def measure(plan: Plan, profile: Path | None) -> dict[str, Any]:
     from bench.profile import Recorder
     from tests.otlp_receiver import OTLPReceiver
-    from workers.redis_server import RedisServer
+    from workers.local.redis_server import RedisServer
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-tracing-") as logdir,

@@ -84,7 +84,7 @@ class RedisAuthError(ConfigError):
     """Redis refused the connection's credentials (missing or wrong password, unknown or
     disabled user). Permanent: retrying cannot help, so a service stops (exit status 2) instead
     of retrying. Deliberately not a ``redis.exceptions.RedisError``: every retry loop, which
-    catches those, lets it through (bus/redis_io.py raises it, in one place)."""
+    catches those, lets it through (bus/transport/redis_io.py raises it, in one place)."""
 
 
 class HookRetired(ConfigError):

@@ -94,11 +94,11 @@ class _Context(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every context: immutable, keyword-only.
 
     ``agent_input``: the agent's own hook input this context was made from, as the agent sent
-    it, for hooks that speak the agent's format (``workers.command_hook:CommandHook`` hands it to
-    a Claude Code hook script unchanged). Absent (unset) for agents that send HookBus contexts
-    themselves. Its ``tool_input`` and ``tool_response`` are left out when the context carries
-    them unchanged (``tool_args``; ``output_value``, else ``output_content``): the context is
-    bounded as a whole (bus/limits.py), so a large output is not carried twice.
+    it, for hooks that speak the agent's format (``workers.integrations.command_hook:CommandHook``
+    hands it to a Claude Code hook script unchanged). Absent (unset) for agents that send HookBus
+    contexts themselves. Its ``tool_input`` and ``tool_response`` are left out when the context
+    carries them unchanged (``tool_args``; ``output_value``, else ``output_content``): the context
+    is bounded as a whole (bus/limits.py), so a large output is not carried twice.
     """
 
     agent_input: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET

@@ -140,8 +140,8 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_AUDIT_DB",
         "HOOKBUS_HEALTH_PORT",
         "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY",
-        # The HTTP gateway (workers/gateway.py) and the Claude Code command hook
-        # (workers/command_hook.py): docs/integrations.md.
+        # The HTTP gateway (workers/services/gateway.py) and the Claude Code command hook
+        # (workers/integrations/command_hook.py): docs/integrations.md.
         *(f"HOOKBUS_GATEWAY_{v}" for v in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS", "URL")),
         "HOOKBUS_COMMAND",
         *(f"HOOKBUS_COMMAND_{v}" for v in ("NAME", "EVENTS", "MATCHER", "TIMEOUT", "CWD")),
@@ -155,7 +155,7 @@ KNOWN_VARIABLES = frozenset(
 #: Left alone: names a test suite may use for itself.
 RESERVED_PREFIXES = ("HOOKBUS_TEST_",)
 #: The passwords start.sh reads for the generated users ``hook-NAME`` and ``tenant-NAME``
-#: (workers/acl.py): one per hook service and per tenant, so known by their form.
+#: (workers/ops/acl.py): one per hook service and per tenant, so known by their form.
 USER_PASSWORD = re.compile(r"^HOOKBUS_(HOOK|TENANT)_[A-Z0-9_]+_PASSWORD$")
 
 
@@ -242,7 +242,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             10000).
         audit_maxlen: approximate length the audit trail ``{p}:audit`` is trimmed to
             (``HOOKBUS_AUDIT_MAXLEN``, 10000). Like the events stream, never past what a group
-            that follows it still needs; publishers cap it at 10 times that (bus/retention.py).
+            that follows it still needs; publishers cap it at 10 times that
+            (bus/transport/retention.py).
         session_ttl_secs: how long session hooks and cancellations outlive their last use
             (``HOOKBUS_SESSION_TTL_SECS``, 3600).
         refresh_secs: how often a coordinator re-reads the hook directory
@@ -255,7 +256,7 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
         durable_wait_ms: how long a durable publish waits for them
             (``HOOKBUS_DURABLE_WAIT_MS``, 1000).
         health_port: where services (workers, coordinators) answer ``/livez`` and ``/readyz``
-            over HTTP (``HOOKBUS_HEALTH_PORT``, 0 = no health endpoint; workers/probes.py).
+            over HTTP (``HOOKBUS_HEALTH_PORT``, 0 = no health endpoint; workers/services/probes.py).
         fail_open_until_directory: the operator's opt-out of failing closed before the hook
             directory is read (``HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY``, off). Off: until a
             coordinator has read the directory once, it blocks every tool call, denies every

@@ -13,8 +13,8 @@ and other lines, then ``cat`` it with ``Bash``. The real Claude Code CLI runs on
     the demo ``Redactor``; a ``command`` hook running the bridge ``hookbus-claude-code``;
 ``command-hook``
     examples/claude-code/hooks/redact-secrets.sh, a Claude Code hook script that redacts by
-    shape (``jq``), run unchanged by ``workers.command_hook:CommandHook`` (the input it was
-    given kept in ``OUT_DIR/seen.jsonl``); the ``http`` hook.
+    shape (``jq``), run unchanged by ``workers.integrations.command_hook:CommandHook`` (the input it
+    was given kept in ``OUT_DIR/seen.jsonl``); the ``http`` hook.
 ``refused``
     the demo ``Redactor`` and the ``http`` hook, but a gateway whose ``--max-body`` is smaller
     than the hook input: HookBus refuses it unread (protocol.md 5.6) and must fail closed.
@@ -43,7 +43,7 @@ from tests.harness import ROOT, Processes
 from tests.messages_standin import StandIn
 from tests.remote_hooks import HookConfig
 from tests.test_gateway import live, published_once, start_gateway
-from workers.redis_server import RedisServer
+from workers.local.redis_server import RedisServer
 
 CLAUDE = ROOT / "tests" / "claude_cli" / "node_modules" / ".bin" / "claude"
 SECRET = "sk-live-4f9a2b7c1d8e"
@@ -72,7 +72,7 @@ def main(out: Path, mode: str = "http") -> None:
             )  # fmt: skip
             if mode == "command-hook":
                 procs.worker(
-                    settings, "workers.command_hook:CommandHook", "command-hook",
+                    settings, "workers.integrations.command_hook:CommandHook", "command-hook",
                     HOOKBUS_COMMAND=SCRIPT.format(seen=out / "seen.jsonl", script=REDACT),
                     HOOKBUS_COMMAND_EVENTS="PostToolUse", HOOKBUS_COMMAND_NAME="RedactByShape",
                     HOOKBUS_COMMAND_FAILURE_POLICY="fail",
@@ -86,7 +86,7 @@ def main(out: Path, mode: str = "http") -> None:
                 live(settings, "Cutter")
                 os.environ["HOOKBUS_TRUNCATE_CHARS"] = "40"  # the gateway's, through worker_env
             else:
-                procs.worker(settings, "workers.demo_hooks:Redactor", "redactor")
+                procs.worker(settings, "workers.builtins.demo_hooks:Redactor", "redactor")
                 live(settings, "Redactor")
             limit = ["--max-body", "2048"] if mode == "refused" else []
             gateway = start_gateway(procs, settings, out, *limit, tenant="claude-code")

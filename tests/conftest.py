@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bus.settings import BusSettings
-from workers.redis_server import MISSING, RedisServer, find_redis_server
+from workers.local.redis_server import MISSING, RedisServer, find_redis_server
 
 
 class ExternalRedis:
@@ -66,7 +66,7 @@ def redis_server() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[Any]:
     """A private Redis Cluster (3 masters, 3 replicas) for this test session."""
-    from workers.redis_cluster import LocalCluster
+    from workers.local.redis_cluster import LocalCluster
 
     with LocalCluster() as cluster:
         yield cluster

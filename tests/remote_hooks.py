@@ -111,8 +111,8 @@ class FromRedis(Recorder):
     then serve many generated cases). Its name comes from ``HOOKBUS_TEST_NAME``."""
 
     def __init__(self) -> None:
-        from bus.redis_io import connect
         from bus.settings import BusSettings
+        from bus.transport.redis_io import connect
 
         settings = BusSettings.from_env()
         super().__init__(os.environ["HOOKBUS_TEST_NAME"])

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from bus import telemetry
+from bus.telemetry import tracing as telemetry
 
 
 def traces(n: int) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from redis.asyncio import Redis
 
 from bus import HookEvent, PostToolUseContext, SessionStopContext, TurnTerminal
 from bus.hooks import DeliveredEvent
-from bus.keys import Keys
 from bus.protocol import DATA_FIELD, new_id, now_ms
-from bus.retention import Retention
 from bus.settings import BusSettings
-from workers.audit import AsyncAuditLogHook
-from workers.metrics import AsyncMetricsHook
-from workers.replay import parse_position, replay_range
+from bus.transport.keys import Keys
+from bus.transport.retention import Retention
+from workers.builtins.audit import AsyncAuditLogHook
+from workers.builtins.metrics import AsyncMetricsHook
+from workers.ops.replay import parse_position, replay_range
 
 
 def ev(keys: Keys) -> str:

@@ -24,15 +24,15 @@ from redis.exceptions import ResponseError
 
 from bus import HookEvent, PostToolUseContext
 from bus.hooks import AsyncAgentHook, DeliveredEvent
-from bus.keys import Keys
 from bus.protocol import DATA_FIELD, AuditRecord, EventMessage, encode, new_id, now_ms, raw
-from bus.redis_io import connect
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
+from bus.transport.redis_io import connect
 from tests.harness import wait_for
 from tests.test_async_builtins import postgres_url  # noqa: F401  (a fixture)
-from workers.async_worker import AsyncHookWorker
-from workers.audit import COLUMNS, AsyncAuditLogHook
-from workers.metrics import AsyncMetricsHook
+from workers.builtins.audit import COLUMNS, AsyncAuditLogHook
+from workers.builtins.metrics import AsyncMetricsHook
+from workers.services.async_worker import AsyncHookWorker
 
 NUL_OUTPUT = "\x00ELF binary"
 BIG = 1.7e308  # two of them add up to inf

@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from bus import PostToolUseContext, StepCompleteContext
 from bus.events import HookEvent
-from bus.keys import Keys
 from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.harness import ROOT, Processes, wait_for, worker_env
 from tests.remote_hooks import AsyncConfig
 
@@ -58,7 +58,11 @@ def async_worker(procs: Processes, settings: BusSettings, cfg: AsyncConfig, *arg
 
 def audit_worker(procs: Processes, settings: BusSettings, db: Path, *args: str) -> Any:
     return procs.worker(
-        settings, "workers.audit:AsyncAuditLogHook", "audit", *args, HOOKBUS_AUDIT_DB=str(db)
+        settings,
+        "workers.builtins.audit:AsyncAuditLogHook",
+        "audit",
+        *args,
+        HOOKBUS_AUDIT_DB=str(db),
     )
 
 
@@ -256,7 +260,7 @@ async def test_redis_lost_mid_batch_does_not_stop_the_worker(
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from tests.remote_hooks import ScriptedAsync
-    from workers.async_worker import AsyncHookWorker
+    from workers.services.async_worker import AsyncHookWorker
 
     record = tmp_path / "seen.txt"
     worker = AsyncHookWorker(
@@ -304,7 +308,7 @@ async def test_each_call_sees_its_own_event_and_a_batch_leaves_current_event_as_
     held before."""
     from bus.events import PreToolUseContext
     from bus.hooks import AsyncAgentHook, DeliveredEvent, current_event
-    from workers.async_worker import AsyncHookWorker
+    from workers.services.async_worker import AsyncHookWorker
 
     seen: list[tuple[int, str, str]] = []
 

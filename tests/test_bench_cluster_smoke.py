@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench import cluster
-from workers.redis_cluster import MISSING_CLI
-from workers.redis_server import MISSING, find_redis_server
+from workers.local.redis_cluster import MISSING_CLI
+from workers.local.redis_server import MISSING, find_redis_server
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(900)]
 

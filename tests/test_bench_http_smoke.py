@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import http_gateway
-from workers.redis_server import MISSING, find_redis_server
+from workers.local.redis_server import MISSING, find_redis_server
 
 pytestmark = pytest.mark.redis
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import sync_dispatch
-from workers.redis_server import MISSING, find_redis_server
+from workers.local.redis_server import MISSING, find_redis_server
 
 pytestmark = pytest.mark.redis
 

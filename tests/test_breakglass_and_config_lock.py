@@ -39,7 +39,7 @@ from bus.settings import BusSettings
 from tests.harness import ROOT, Processes, audit_events, wait_for, wait_live, worker_env
 from tests.hooks_for_tests import Recorder
 from tests.remote_hooks import HookConfig
-from workers.builtins import MetricsData, with_builtins
+from workers.builtins.embedded import MetricsData, with_builtins
 from workers.testing import context
 
 PRE = HookEvent.PRE_TOOL_USE
@@ -206,7 +206,9 @@ async def test_break_glass_and_shadowed_answers_reach_the_audit_log_over_the_bus
         name="Guard", events=[PRE], answers={PRE.value: Block(reason="no")}, failure_policy="fail"
     )
     procs.scripted(bus_settings, guard)
-    procs.worker(bus_settings, "workers.audit:AsyncAuditLogHook", "audit", HOOKBUS_AUDIT_DB=str(db))
+    procs.worker(
+        bus_settings, "workers.builtins.audit:AsyncAuditLogHook", "audit", HOOKBUS_AUDIT_DB=str(db)
+    )
     ctx = context(PRE, session_id="s1", tool_name="act", tool_args={"x": 1})
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
         await wait_live(client, "Guard")

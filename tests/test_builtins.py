@@ -1,4 +1,4 @@
-"""The built-in hooks (workers/builtins.py) against the specification.
+"""The built-in hooks (workers/builtins/embedded.py) against the specification.
 
 Specification test → test here:
 
@@ -47,7 +47,7 @@ from bus import (
     spec_of,
 )
 from bus.registry import HookRegistry
-from workers.builtins import (
+from workers.builtins.embedded import (
     AuditLogHook,
     BuiltinRegistry,
     CancellationHook,

@@ -1,4 +1,5 @@
-"""The Claude Code mapping (workers/claude_code.py), against Claude Code's published types.
+"""The Claude Code mapping (workers/integrations/claude_code.py), against Claude Code's published
+types.
 
 Every input here is checked against ``HookInput`` and every output against
 ``SyncHookJSONOutput``, the JSON Schemas made from ``@anthropic-ai/claude-agent-sdk``'s
@@ -43,9 +44,21 @@ from tests.claude_code_types import (
     claude_events,
     pre_tool_use,
 )
-from workers import claude_code
-from workers.claude_code import CommandFailed, from_command, hook_input, to_claude_code, to_hookbus
-from workers.demo_hooks import FailureAdvisor, LongOutputWarning, Redactor, SecretGuard, ShellPolicy
+from workers.builtins.demo_hooks import (
+    FailureAdvisor,
+    LongOutputWarning,
+    Redactor,
+    SecretGuard,
+    ShellPolicy,
+)
+from workers.integrations import claude_code
+from workers.integrations.claude_code import (
+    CommandFailed,
+    from_command,
+    hook_input,
+    to_claude_code,
+    to_hookbus,
+)
 
 GENERATOR = ROOT / "examples" / "claude-code" / "generate-schemas.mjs"
 

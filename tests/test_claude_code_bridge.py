@@ -20,8 +20,8 @@ from bus.settings import BusSettings
 from tests.claude_code_types import INPUTS, ROOT, check_output, pre_tool_use
 from tests.harness import Processes
 from tests.test_gateway import live, start_gateway
-from workers import claude_code_bridge as bridge
-from workers.redis_server import free_port
+from workers.integrations import claude_code_bridge as bridge
+from workers.local.redis_server import free_port
 
 BRIDGE = Path(sys.executable).parent / "hookbus-claude-code"
 
@@ -43,7 +43,7 @@ def run_bridge(message: Any, url: str, token: str | None) -> subprocess.Complete
 def test_secret_guard_denies_claude_code_reading_env_through_the_bridge(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     live(bus_settings, "SecretGuard")
     gateway = start_gateway(procs, bus_settings, tmp_path)
     url = f"http://127.0.0.1:{gateway.port}"
@@ -104,7 +104,7 @@ def test_the_bridge_imports_nothing_heavy() -> None:
     """What keeps it fast to start: only os, sys and the C socket module, no site-packages."""
     code = (
         f"import sys; sys.path.insert(0, {str(ROOT)!r}); before = set(sys.modules); "
-        "import workers.claude_code_bridge; "
+        "import workers.integrations.claude_code_bridge; "
         "print(' '.join(sorted(set(sys.modules) - before)))"
     )
     proc = subprocess.run(

@@ -23,7 +23,7 @@ import pytest
 from tests.claude_cli_scenario import CLAUDE, SECRET
 from tests.harness import ROOT
 from tests.messages_standin import BASH_ID, READ_ID, tool_results
-from workers.redis_server import MISSING, find_redis_server
+from workers.local.redis_server import MISSING, find_redis_server
 
 LINES = ("# settings", "REGION=eu-west-1", "API_KEY=[redacted]", "DEBUG=false")
 

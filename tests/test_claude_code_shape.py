@@ -25,9 +25,14 @@ from tests.claude_code_types import INPUTS, ROOT, check_input, check_output, pre
 from tests.harness import Processes
 from tests.remote_hooks import HookConfig
 from tests.test_gateway import live, start_gateway
-from workers.claude_code import WITHHELD_TEXT, original_input, to_claude_code, to_hookbus
-from workers.command_hook import CommandHook
-from workers.demo_hooks import LongOutputWarning, Redactor
+from workers.builtins.demo_hooks import LongOutputWarning, Redactor
+from workers.integrations.claude_code import (
+    WITHHELD_TEXT,
+    original_input,
+    to_claude_code,
+    to_hookbus,
+)
+from workers.integrations.command_hook import CommandHook
 
 SECRET = "sk-live-4f9a2b7c1d8e"
 FILE = f"# settings\nREGION=eu-west-1\nAPI_KEY={SECRET}\nDEBUG=false\n"
@@ -195,7 +200,7 @@ async def test_command_hook_gives_the_script_claude_codes_input_unchanged(
     call = to_hookbus(json.dumps(message).encode())
     assert call is not None
     # the context as the gateway hands it on: the session id qualified by the tenant
-    from workers.coordinator_service import qualify
+    from workers.services.coordinator_service import qualify
 
     await registry(hook).run(call.event, qualify(call.ctx, "claude-code"))
     assert json.loads(seen.read_text()) == message
@@ -263,7 +268,7 @@ async def test_the_integrations_pages_read_hook_blocks_and_redacts_in_shape() ->
 def test_a_refused_post_tool_use_stops_claude_as_well_as_withholding_the_text() -> None:
     """Unread, the tool_response's shape is unknown: a withheld text would be ignored for an
     object, so Claude is stopped before the output reaches the model."""
-    from workers.claude_code import refused
+    from workers.integrations.claude_code import refused
 
     out = refused("PostToolUse", "the hook input is over the 2048-byte limit")
     assert out is not None

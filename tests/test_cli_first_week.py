@@ -17,13 +17,13 @@ import redis
 
 from bus.actions import Block
 from bus.events import HookEvent
-from bus.keys import Keys
 from bus.protocol import HookManifest, encode, now_ms
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.harness import ROOT, until, wait_for, worker_env
 from tests.test_deploy import AclRedis
 from tests.test_operator_cli import env_for, hookbus, ok, table_rows
-from workers.redis_server import RedisServer
+from workers.local.redis_server import RedisServer
 
 TIMEOUT = 60
 
@@ -101,7 +101,7 @@ def test_a_hook_that_stopped_cleanly_shows_stopped_not_never(
     bus_settings: BusSettings, r: redis.Redis, tmp_path: Path
 ) -> None:
     keys = Keys(bus_settings.prefix)
-    worker = start(bus_settings, tmp_path, "worker", "workers.demo_hooks:SecretGuard")
+    worker = start(bus_settings, tmp_path, "worker", "workers.builtins.demo_hooks:SecretGuard")
     try:
         until(lambda: r.zcount(keys.replicas("SecretGuard"), now_ms() - 3000, "+inf"), "a beat")
     finally:
@@ -169,8 +169,8 @@ def locked_redis() -> Iterator[RedisServer]:
 @pytest.mark.parametrize(
     "command",
     [
-        ["worker", "workers.demo_hooks:SecretGuard"],
-        ["worker", "workers.demo_hooks:EventCounter"],
+        ["worker", "workers.builtins.demo_hooks:SecretGuard"],
+        ["worker", "workers.builtins.demo_hooks:EventCounter"],
         ["coordinator"],
         ["hooks", "list"],
     ],
@@ -241,7 +241,7 @@ async def test_hooks_remove_retires_a_fail_hook_while_its_replicas_run(
     admin, keys = acl_redis.admin, Keys("hookbus")
     worker_url, operator = acl_redis.url("hook-SecretGuard"), acl_redis.url("operator")
     log = tmp_path / "workers.log"
-    target = "workers.demo_hooks:SecretGuard"
+    target = "workers.builtins.demo_hooks:SecretGuard"
     replicas = [acl_worker(worker_url, target, log) for _ in range(2)]
     client = HookClient(
         BusSettings(redis_url=acl_redis.url("agent"), prefix="hookbus", refresh_secs=0.2)
@@ -315,7 +315,7 @@ def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
     tmp_path: Path,
 ) -> None:
     # EventCounter is no service of the stack: its user is generated here, as for any new hook.
-    acl_redis = AclRedis(tmp_path, hooks=("workers.demo_hooks:EventCounter",))
+    acl_redis = AclRedis(tmp_path, hooks=("workers.builtins.demo_hooks:EventCounter",))
     admin, keys = acl_redis.admin, Keys("hookbus")
     log = tmp_path / "workers.log"
 
@@ -324,7 +324,9 @@ def test_hooks_remove_destroys_an_async_hooks_group_once_its_replicas_stopped(
             return set()
         return {g["name"] for g in admin.xinfo_groups(keys.event_partitions[0])}
 
-    replica = acl_worker(acl_redis.url("hook-EventCounter"), "workers.demo_hooks:EventCounter", log)
+    replica = acl_worker(
+        acl_redis.url("hook-EventCounter"), "workers.builtins.demo_hooks:EventCounter", log
+    )
     try:
         until(
             lambda: b"EventCounter" in groups(),
@@ -416,7 +418,7 @@ def test_a_stopping_hook_replica_hands_its_pending_requests_over(
     # Takeover of an idle entry only after 30 s: what is taken sooner was handed over.
     settings = msgspec.structs.replace(bus_settings, claim_idle_secs=30.0)
     keys = Keys(settings.prefix)
-    target = "workers.demo_hooks:SecretGuard"
+    target = "workers.builtins.demo_hooks:SecretGuard"
     leaving = start(settings, tmp_path, "worker", target)
     staying = start(settings, tmp_path, "worker", target)
     try:

@@ -1,8 +1,8 @@
 """Clock skew: every process reads Redis's clock; a skewed one is corrected, reported, never silent.
 
 A worker runs under libfaketime (Debian package ``faketime``) with its wall clock 5 s ahead;
-Redis, the agent and this test keep the real one. Before bus/clock.py that worker dropped every
-request as expired, silently, while ``--check`` called it healthy: an ignore-policy guard was
+Redis, the agent and this test keep the real one. Before bus/transport/clock.py that worker dropped
+every request as expired, silently, while ``--check`` called it healthy: an ignore-policy guard was
 quietly off. These tests FAIL (never skip) when libfaketime is missing.
 """
 
@@ -23,10 +23,10 @@ import redis as redis_sync
 
 from agent_adapter.client import HookClient
 from bus import Block, HookEvent, HookSettings, PreToolUseContext
-from bus.clock import MAX_SKEW_MS, ExpiredDrops, RedisClock, is_skewed
-from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from bus.protocol import DATA_FIELD, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
+from bus.transport.clock import MAX_SKEW_MS, ExpiredDrops, RedisClock, is_skewed
+from bus.transport.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from tests.faketime import faked
 from tests.harness import ROOT, Processes, until, wait_for, wait_live, worker_env
 from tests.remote_hooks import HookConfig
@@ -229,7 +229,7 @@ async def test_an_agent_clock_behind_by_more_than_timeout_ms_is_still_answered(
 async def test_redis_clock_measures_an_offset_near_zero_here_and_counts_drops(
     bus_settings: BusSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from bus.redis_io import connect
+    from bus.transport.redis_io import connect
 
     redis = connect(bus_settings)
     try:
@@ -271,7 +271,7 @@ async def test_a_redis_user_without_time_is_said_once_and_fails_the_check(
     ``--check`` fails, naming the missing permission."""
     import logging
 
-    from bus.redis_io import connect
+    from bus.transport.redis_io import connect
 
     user = f"notime-{bus_settings.prefix}"
     admin = redis_sync.Redis.from_url(bus_settings.redis_url)
@@ -323,8 +323,8 @@ def test_a_skewed_clock_is_an_error_repeated_at_most_once_a_minute(
 async def test_a_reading_slower_than_the_bound_is_not_used() -> None:
     """A ``TIME`` whose round trip exceeds the bound cannot bound its error: the offset measured
     before stands. (A private redis-server, frozen for longer than the bound.)"""
-    from bus.redis_io import connect
-    from workers.redis_server import RedisServer, find_redis_server
+    from bus.transport.redis_io import connect
+    from workers.local.redis_server import RedisServer, find_redis_server
 
     if not find_redis_server():
         pytest.fail("this test freezes a private redis-server: none on PATH")

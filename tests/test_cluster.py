@@ -1,4 +1,4 @@
-"""The bus on a Redis Cluster with HOOKBUS_PARTITIONS > 1 (key layout 2, bus/keys.py).
+"""The bus on a Redis Cluster with HOOKBUS_PARTITIONS > 1 (key layout 2, bus/transport/keys.py).
 
 Against the session's private cluster (3 masters, 3 replicas; ``redis_cluster`` in conftest.py),
 with 6 partitions:
@@ -11,7 +11,7 @@ with 6 partitions:
 * the operator commands (``hookbus hooks list``, ``lag``, ``metrics``, ``events tail``) see the
   whole cluster: every partition and every shard, wherever its master is;
 * the stream reads and blocking pops of every role go straight to the key's master, never
-  through an extra ``COMMAND GETKEYS`` (bus/redis_io.py ClusterClient).
+  through an extra ``COMMAND GETKEYS`` (bus/transport/redis_io.py ClusterClient).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings, MutateInput
 from bus.events import PostToolUseContext, PreToolUseContext, StepCompleteContext
-from bus.keys import Keys, partition_tag, shard_tag
-from bus.redis_io import connect
 from bus.settings import BusSettings
+from bus.transport.keys import Keys, partition_tag, shard_tag
+from bus.transport.redis_io import connect
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig
 
@@ -224,7 +224,7 @@ async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
     keys = Keys.of(settings)
     guard = HookConfig(name="Guard", events=[PRE])
     procs.scripted(settings, guard, "--shards", str(SHARDS))
-    procs.worker(settings, "workers.metrics:AsyncMetricsHook", "metrics")
+    procs.worker(settings, "workers.builtins.metrics:AsyncMetricsHook", "metrics")
     sessions = sessions_covering(keys)
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
     env = worker_env(settings, NO_COLOR="1", COLUMNS="250", PYTHONIOENCODING="utf-8")

@@ -1,4 +1,5 @@
-"""``workers.command_hook:CommandHook``: Claude Code hook scripts, unchanged, as HookBus hooks.
+"""``workers.integrations.command_hook:CommandHook``: Claude Code hook scripts, unchanged, as
+HookBus hooks.
 
 The scripts in ``examples/claude-code/hooks`` are written for Claude Code (``jq`` on stdin, exit
 2 or JSON on stdout) and know nothing of HookBus. They run embedded (a ``HookRegistry``) and as a
@@ -30,7 +31,7 @@ from bus.settings import BusSettings, HookSettings
 from tests.claude_code_types import ROOT, check_input, check_output, pre_tool_use
 from tests.harness import Processes, wait_for, wait_live, worker_env
 from tests.test_gateway import live, start_gateway
-from workers.command_hook import CommandHook, manifest_filter
+from workers.integrations.command_hook import CommandHook, manifest_filter
 
 HOOKS = ROOT / "examples" / "claude-code" / "hooks"
 BLOCK_RM = HOOKS / "block-rm.sh"
@@ -194,7 +195,7 @@ async def test_an_unmodified_claude_code_hook_blocks_through_hookbus(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
     procs.worker(
-        bus_settings, "workers.command_hook:CommandHook", "block-rm",
+        bus_settings, "workers.integrations.command_hook:CommandHook", "block-rm",
         HOOKBUS_COMMAND=str(BLOCK_RM), HOOKBUS_COMMAND_NAME="BlockRm",
         HOOKBUS_COMMAND_MATCHER="Bash",
     )  # fmt: skip
@@ -225,7 +226,8 @@ def test_a_misconfigured_command_hook_service_says_why_in_one_line(
     env: dict[str, Any] = worker_env(bus_settings, HOOKBUS_COMMAND_EVENTS="Notification",
                                      HOOKBUS_COMMAND="true")  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "worker", "workers.command_hook:CommandHook"],
+        [sys.executable, "-m", "workers.cli", "worker",
+         "workers.integrations.command_hook:CommandHook"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc

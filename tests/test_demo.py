@@ -58,7 +58,7 @@ def test_demo_without_redis_runs_embedded_and_says_so_in_one_line() -> None:
 def test_demo_attaches_to_running_hook_services(bus_settings: Any, procs: Any) -> None:
     from tests.harness import worker_env
 
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     out = subprocess.run(
         [sys.executable, "-m", "workers.cli", "demo", "--attach"],
         cwd=ROOT,
@@ -80,7 +80,7 @@ def test_the_timeline_shows_what_a_dry_run_hook_would_have_done(
     agent went on."""
     from tests.harness import until, worker_env
 
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     env = worker_env(bus_settings)
 
     def dry_run() -> bool:  # refused until the worker has registered the hook

@@ -32,11 +32,11 @@ import pytest
 import yaml
 
 from bus.hooks import spec_of
-from bus.keys import Keys
+from bus.transport.keys import Keys
 from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
-from workers.loading import load_hook
-from workers.redis_server import free_port, stop_process
+from workers.local.redis_server import free_port, stop_process
+from workers.services.loading import load_hook
 
 K = Keys("hookbus")  # the deploy uses the default prefix
 EVENTS, DECISIONS = K.event_partitions[0], K.decision_partitions[0]
@@ -389,11 +389,11 @@ def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from bus.errors import ConfigError
-    from workers.acl import hook_user_of, users
     from workers.cli import main
+    from workers.ops.acl import hook_user_of, users
 
-    argv = ["acl", "--hooks", "Guard,Tail=async,workers.audit:AsyncAuditLogHook", "--tenants",
-            "acme,beta", "--prefix", "hb2"]  # fmt: skip
+    argv = ["acl", "--hooks", "Guard,Tail=async,workers.builtins.audit:AsyncAuditLogHook",
+            "--tenants", "acme,beta", "--prefix", "hb2"]  # fmt: skip
     assert main(argv) == 0
     lines = {
         line.split()[1]: line
@@ -413,7 +413,7 @@ def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
         "user tenant-acme on resetchannels -@all +ping +client|setinfo "
         "(%W~hb2:t:{acme}:decisions +xadd) (~hb2:t:{acme}:inbox:* +blpop +blmpop)"
     )
-    cancel = hook_user_of("workers.cancellation:RedisCancellationHook")
+    cancel = hook_user_of("workers.builtins.cancellation:RedisCancellationHook")
     assert cancel.capabilities == ("read-cancellations",)
     for bad in ("Bad Name", "Guard=maybe", "workers.nothere:X", "json:dumps"):
         with pytest.raises(ConfigError):
@@ -448,7 +448,7 @@ class AclRedis:
     ``hookbus acl`` generated, in place of users.acl. Each user's password: ``password(user)``."""
 
     def __init__(self, tmp: Path, hooks: tuple[str, ...] = (), acl: Path | None = None) -> None:
-        from workers.acl import hook_user_of, users
+        from workers.ops.acl import hook_user_of, users
 
         extra = [
             (user, rules)
@@ -565,7 +565,7 @@ def hookbus(
 def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
     acl_redis: AclRedis, tmp_path: Path
 ) -> None:
-    from workers.launcher import Stack
+    from workers.local.launcher import Stack
 
     env = {k: v for k, v in os.environ.items() if k != "HOOKBUS_PREFIX"}
     env |= {"HOOKBUS_AUDIT_DB": str(tmp_path / "audit.db")}
@@ -643,8 +643,8 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
 
         # Every health check, as the role that runs it and as the operator.
         for user, target in (
-            ("hook-SecretGuard", "workers.demo_hooks:SecretGuard"),
-            ("hook-AsyncAuditLogHook", "workers.audit:AsyncAuditLogHook"),
+            ("hook-SecretGuard", "workers.builtins.demo_hooks:SecretGuard"),
+            ("hook-AsyncAuditLogHook", "workers.builtins.audit:AsyncAuditLogHook"),
         ):
             for url in (acl_redis.url(user), operator):
                 hookbus(url, "worker", target, "--check")
@@ -770,9 +770,9 @@ def test_each_role_is_refused_what_it_does_not_need(acl_redis: AclRedis) -> None
 def test_every_role_reads_redis_clock_and_only_workers_publish_offsets(
     acl_redis: AclRedis,
 ) -> None:
-    """Deadlines and liveness are on Redis's clock (bus/clock.py): every role but a tenant's may
-    read ``TIME``; a hook's replicas publish their offsets, coordinators and agents read them
-    and cannot forge them, nor can another hook."""
+    """Deadlines and liveness are on Redis's clock (bus/transport/clock.py): every role but a
+    tenant's may read ``TIME``; a hook's replicas publish their offsets, coordinators and agents
+    read them and cannot forge them, nor can another hook."""
     import redis
 
     keys = Keys()

@@ -3,8 +3,8 @@
 * Every object in the overlay validates (KEDA's schema in deploy/schemas/, Kubernetes' otherwise,
   as tests/test_deploy.py does for the base), and the kustomization names every file.
 * Every patch names an object of the base, so that kustomize has something to patch.
-* The triggers follow the key layout (bus/keys.py) for the overlay's HOOKBUS_PARTITIONS: an
-  async hook's ScaledObject has one trigger per events partition on its own group (and one on
+* The triggers follow the key layout (bus/transport/keys.py) for the overlay's HOOKBUS_PARTITIONS:
+  an async hook's ScaledObject has one trigger per events partition on its own group (and one on
   the audit trail if it follows it), the coordinator service's one per decisions partition on
   group ``coordinators``, a sync hook's one per request shard (its ``--shards``) on ``workers``;
   every Deployment that runs ``worker`` or ``coordinator`` is scaled by exactly one.
@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from bus.hooks import AsyncAgentHook, spec_of
-from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
+from bus.transport.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from tests.harness import ROOT
 from tests.test_deploy import K8S, manifests, validate_manifest
-from workers.worker import load_hook
+from workers.services.worker import load_hook
 
 OVERLAY = K8S.parent / "k8s-cluster"
 
@@ -127,7 +127,7 @@ def test_the_readme_command_prints_the_streams_the_triggers_name() -> None:
     partitions; for the overlay's number, it prints exactly those of the triggers."""
     (line,) = [
         line for line in (OVERLAY / "README.md").read_text().splitlines()
-        if line.startswith('python -c "from bus.keys import Keys')
+        if line.startswith('python -c "from bus.transport.keys import Keys')
     ]  # fmt: skip
     command = shlex.split(line)
     assert f"Keys('hookbus', {partitions()})" in command[2]

@@ -29,9 +29,9 @@ from bus import (
     PreToolUseContext,
     SessionStopContext,
 )
-from bus.keys import WORKERS_GROUP, Keys
 from bus.protocol import DATA_FIELD, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
+from bus.transport.keys import WORKERS_GROUP, Keys
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import HookConfig
 
@@ -220,7 +220,7 @@ async def test_answers_ready_in_a_read_are_not_held_behind_a_request_waiting_for
 ) -> None:
     """A worker answers the requests of one read together; when the next one must wait for a
     free slot (a slow hook holds them all), the answers already made go out first."""
-    from workers.worker import HookWorker
+    from workers.services.worker import HookWorker
 
     gate = _Gate()
     worker = HookWorker(gate, bus_settings, concurrency=1)
@@ -248,7 +248,7 @@ async def test_an_inbox_that_is_not_a_list_loses_only_its_own_answer_and_is_coun
     The other answers of the same batch still arrive, every request is acknowledged (retrying
     cannot help; that asker times out under its hooks' failure policies) and the lost answer is
     counted."""
-    from workers.worker import HookWorker
+    from workers.services.worker import HookWorker
 
     worker = HookWorker(_Gate(), bus_settings)
     keys = Keys(bus_settings.prefix)
@@ -274,9 +274,9 @@ async def test_a_decision_inbox_that_is_not_a_list_loses_only_its_own_answer_and
     """The coordinator service's RPUSH of a decision to an inbox made a string fails: that
     request is still acknowledged (retrying cannot help), the loss is counted, and the next
     agent gets its decision."""
-    from bus.keys import COORDINATORS_GROUP
-    from bus.redis_io import ensure_group
-    from workers.coordinator_service import CoordinatorService, Source
+    from bus.transport.keys import COORDINATORS_GROUP
+    from bus.transport.redis_io import ensure_group
+    from workers.services.coordinator_service import CoordinatorService, Source
 
     service = CoordinatorService(bus_settings)
     keys, redis = service.keys, service.redis
@@ -311,17 +311,17 @@ async def test_a_decision_inbox_that_is_not_a_list_loses_only_its_own_answer_and
 async def test_a_read_from_a_frozen_redis_times_out_and_the_client_recovers(
     monkeypatch: Any,
 ) -> None:
-    """Sends and reads are bounded by one sweeping timer per event loop (bus/redis_io.py), not
-    a timer each: a Redis that stops answering still gives redis-py's TimeoutError, and the
+    """Sends and reads are bounded by one sweeping timer per event loop (bus/transport/redis_io.py),
+    not a timer each: a Redis that stops answering still gives redis-py's TimeoutError, and the
     client works again once it answers."""
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    import bus.redis_io
-    from workers.redis_server import RedisServer
+    import bus.transport.redis_io
+    from workers.local.redis_server import RedisServer
 
-    monkeypatch.setattr(bus.redis_io, "SOCKET_TIMEOUT", 1.0)
+    monkeypatch.setattr(bus.transport.redis_io, "SOCKET_TIMEOUT", 1.0)
     server = RedisServer().start()
-    redis = bus.redis_io.connect(BusSettings(redis_url=server.url))
+    redis = bus.transport.redis_io.connect(BusSettings(redis_url=server.url))
     try:
         await redis.set("k", "v")
         pid = int((await redis.info("server"))["process_id"])
@@ -382,7 +382,7 @@ async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
 
 
 async def test_redis_stopped_mid_session_then_back(procs: Processes, tmp_path: Path) -> None:
-    from workers.redis_server import RedisServer
+    from workers.local.redis_server import RedisServer
 
     server = RedisServer().start()
     settings = BusSettings(
@@ -474,7 +474,7 @@ async def test_a_failed_session_lookup_keeps_the_hooks_known_before(
 async def test_hookbus_cancel_blocks_the_sessions_next_tool_call(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     client = await client_for(bus_settings)
     try:
         await wait_live(client, "CancellationHook")
@@ -564,7 +564,7 @@ async def test_the_control_channel_names_sessions_by_digest_only(bus_settings: B
     """Every trusted process subscribes to the control channel: a session-hook change names the
     session by its digest, so a subscriber learns no session id; coordinators that know the
     session still re-read its hooks."""
-    from bus.keys import session_digest
+    from bus.transport.keys import session_digest
 
     keys = Keys(bus_settings.prefix)
     client, other = await client_for(bus_settings), await client_for(bus_settings)

@@ -28,7 +28,7 @@ from bus import (
     PermissionRequestContext,
     PreToolUseContext,
 )
-from bus.keys import Keys
+from bus.transport.keys import Keys
 from tests.harness import ROOT, wait_for, worker_env
 from tests.remote_hooks import HookConfig
 
@@ -131,7 +131,7 @@ def test_bad_mode_is_a_clear_error() -> None:
 
 async def test_embedded_audit_log_records_dryrun_and_warn_answers(tmp_path: Path) -> None:
     from tests.remote_hooks import Scripted
-    from workers.builtins import MetricsData, with_builtins
+    from workers.builtins.embedded import MetricsData, with_builtins
 
     registry = with_builtins(tmp_path / "audit.db", set(), MetricsData())
     try:
@@ -158,7 +158,9 @@ async def test_distributed_audit_log_records_dryrun_and_warn_answers(
     procs.scripted(bus_settings, guard("dryrun"))
     warner = HookConfig(name="Warner", enforcement="warn", answers={PRE: Block(reason="careful")})
     procs.scripted(bus_settings, warner)
-    procs.worker(bus_settings, "workers.audit:AsyncAuditLogHook", "audit", HOOKBUS_AUDIT_DB=str(db))
+    procs.worker(
+        bus_settings, "workers.builtins.audit:AsyncAuditLogHook", "audit", HOOKBUS_AUDIT_DB=str(db)
+    )
 
     def rows() -> list[tuple[Any, ...]]:
         found = audit_events(db, "status", "session_id", "output_preview")

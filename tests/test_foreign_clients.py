@@ -34,10 +34,10 @@ from redis.cluster import RedisCluster
 
 from bus import Block, HookEvent, Override, PermissionDecision
 from bus.events import session_of
-from bus.keys import Keys
 from bus.protocol import EventMessage, decode, decode_context, new_id, now_ms
-from bus.redis_io import CLUSTER_SCHEMES
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
+from bus.transport.redis_io import CLUSTER_SCHEMES
 from tests.harness import Processes, worker_env
 from tests.remote_hooks import HookConfig
 from tests.test_conformance import VECTOR_FILES, load_vector, mismatches, vector_hooks
@@ -209,7 +209,8 @@ def test_node_client_emits_all_12_events_as_a_trusted_agent(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
     """A trusted agent XADDs its events to its session's partition of ``{p}:events`` (three
-    partitions here: the client computes the hash tags and the partition as bus/keys.py does)."""
+    partitions here: the client computes the hash tags and the partition as bus/transport/keys.py
+    does)."""
     settings = msgspec.structs.replace(bus_settings, partitions=3)
     start_services(procs, settings)
     session = f"node-{new_id()[:8]}"
@@ -303,7 +304,9 @@ def test_node_client_cancels_its_own_session(
     """``cancel`` adds the tenant's own (qualified) session to the cancelled set; the
     CancellationHook then blocks its tool calls, not those of any other session, and nothing the
     agent sends — OnSessionStop included — lifts it."""
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancellation")
+    procs.worker(
+        bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancellation"
+    )
     start_services(procs, bus_settings)
     keys = Keys(bus_settings.prefix)
     with Redis.from_url(bus_settings.redis_url) as redis:

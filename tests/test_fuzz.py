@@ -31,7 +31,6 @@ from bus import (
     PreToolUseContext,
 )
 from bus.errors import LimitError, ProtocolError
-from bus.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from bus.limits import (
     MAX_CONTEXT_DEPTH,
     MAX_DEPTH,
@@ -53,10 +52,11 @@ from bus.protocol import (
 )
 from bus.schema import MESSAGES
 from bus.settings import BusSettings
+from bus.transport.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from tests.harness import Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig, Scripted
-from workers.coordinator_service import Source
-from workers.replay import replay_dead_letters
+from workers.ops.replay import replay_dead_letters
+from workers.services.coordinator_service import Source
 
 
 def ev(keys: Keys) -> str:
@@ -290,11 +290,11 @@ def test_every_context_decoder_rejects_with_a_reason(data: bytes, event: HookEve
 
 
 async def _entry_points(settings: BusSettings) -> Any:
-    from bus.coordinator import Coordinator
+    from bus.transport.coordinator import Coordinator
     from tests.remote_hooks import AsyncConfig, ScriptedAsync
-    from workers.async_worker import AsyncHookWorker
-    from workers.coordinator_service import CoordinatorService
-    from workers.worker import HookWorker
+    from workers.services.async_worker import AsyncHookWorker
+    from workers.services.coordinator_service import CoordinatorService
+    from workers.services.worker import HookWorker
 
     worker = HookWorker(Scripted(HookConfig(name="Fuzz")), settings)
     async_worker = AsyncHookWorker(ScriptedAsync(AsyncConfig(name="FuzzAsync")), settings)
@@ -396,7 +396,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
         HOOKBUS_TEST_ASYNC=msgspec.json.encode(ledger).decode(),
     )  # fmt: skip
     procs.worker(
-        bus_settings, "workers.audit:AsyncAuditLogHook", "Audit",
+        bus_settings, "workers.builtins.audit:AsyncAuditLogHook", "Audit",
         HOOKBUS_AUDIT_DB=str(tmp_path / "audit.db"),
     )  # fmt: skip
     procs.start(["coordinator"], worker_env(bus_settings, HOOKBUS_REFRESH_SECS="0.2"), "coord")

@@ -24,14 +24,14 @@ from redis import Redis
 
 from bus import AgentHook, HookEvent, PreToolUseContext
 from bus.actions import CONTINUE, PreToolUseAction
-from bus.coordinator import Coordinator
-from bus.keys import Keys
 from bus.protocol import AuditRecord, EventMessage, decode, new_id, now_ms
 from bus.settings import BusSettings
+from bus.transport.coordinator import Coordinator
+from bus.transport.keys import Keys
 from tests.claude_code_types import INPUTS, ROOT, check_output, pre_tool_use
 from tests.harness import Processes, until, worker_env
-from workers.gateway import Gateway, Tokens, digest
-from workers.redis_server import RedisServer, free_port
+from workers.local.redis_server import RedisServer, free_port
+from workers.services.gateway import Gateway, Tokens, digest
 
 
 @dataclass
@@ -145,7 +145,7 @@ def events_of(settings: BusSettings) -> list[EventMessage]:
 def test_secret_guard_denies_claude_code_reading_env_over_http(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     live(bus_settings, "SecretGuard")
     gateway = start_gateway(procs, bus_settings, tmp_path)
 
@@ -180,7 +180,7 @@ def test_every_mapped_event_is_answered_in_claude_codes_format(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
     for target in ("SecretGuard", "Redactor", "ShellPolicy", "FailureAdvisor"):
-        procs.worker(bus_settings, f"workers.demo_hooks:{target}", target)
+        procs.worker(bus_settings, f"workers.builtins.demo_hooks:{target}", target)
     live(bus_settings, "SecretGuard", "Redactor", "ShellPolicy", "FailureAdvisor")
     gateway = start_gateway(procs, bus_settings, tmp_path)
     answers = {}
@@ -208,7 +208,7 @@ def test_every_mapped_event_is_answered_in_claude_codes_format(
 def test_a_cancelled_session_stops_claude_code(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     live(bus_settings, "CancellationHook")
     gateway = start_gateway(procs, bus_settings, tmp_path)
     bash = pre_tool_use("Bash", {"command": "ls"}, session="cc-cancel")
@@ -239,7 +239,7 @@ def decision_request(**fields: Any) -> dict[str, Any]:
 def test_decisions_endpoint_answers_like_the_coordinator_service(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     live(bus_settings, "SecretGuard")
     gateway = start_gateway(procs, bus_settings, tmp_path)
     request = decision_request(reply_to="hookbus:inbox:ignored")
@@ -514,7 +514,7 @@ async def test_claude_code_calls_fail_closed_when_no_decision_comes_in_time(
 def test_a_warn_mode_answer_reaches_claude_as_context_and_the_audit_trail_names_the_tenant(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     live(bus_settings, "SecretGuard")
     proc = hookbus("hooks", "mode", "SecretGuard", "warn", env=worker_env(bus_settings))
     assert proc.returncode == 0, proc.stderr
@@ -540,7 +540,7 @@ def test_a_token_reaches_only_its_own_tenants_sessions(
 ) -> None:
     """The attack of issue 16, over HTTP: lift another tenant's cancellation by ending its
     session, with the attacker's own valid token."""
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     live(bus_settings, "CancellationHook")
     tokens = tmp_path / "tokens"
     mallory = new_token(tokens, "mallory", bus_settings)
@@ -643,7 +643,7 @@ def test_a_tenant_cancels_its_own_session_over_http_and_never_another_tenants(
 ) -> None:
     """acme (the attacker, with its own valid token) tries to cancel beta's session every way a
     session id can be written; only sessions of its own are cancelled."""
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     live(bus_settings, "CancellationHook")
     gateway = start_gateway(procs, bus_settings, tmp_path, tenant="beta")
     acme = new_token(gateway.tokens, "acme", bus_settings)
@@ -678,7 +678,7 @@ def test_a_tenant_cancels_its_own_session_over_http_and_never_another_tenants(
 def test_a_changed_token_file_is_read_again_and_a_broken_one_keeps_the_tokens_before(
     tmp_path: Path,
 ) -> None:
-    from workers.gateway import TokenFile
+    from workers.services.gateway import TokenFile
 
     path = tmp_path / "tokens"
     path.write_text(f"laptop:{digest('a')}\nacme:{digest('b')}\n")

@@ -17,8 +17,8 @@ from redis import Redis
 
 from bus import CONTINUE, AgentHook, AsyncAgentHook, Block, HookEvent, HookRegistry
 from bus.errors import ConfigError
-from bus.keys import Keys
 from bus.settings import BusSettings, HookSettings
+from bus.transport.keys import Keys
 from tests.harness import until, wait_for, worker_env
 
 TIMEOUT = 60

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from workers.redis_server import free_port
+from workers.local.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "integrations.md"

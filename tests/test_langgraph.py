@@ -39,7 +39,7 @@ from bus.settings import BusSettings
 from tests.harness import Processes, wait_live
 from tests.hooks_for_tests import Recorder
 from tests.remote_hooks import HookConfig
-from workers.demo_hooks import Redactor, SecretGuard
+from workers.builtins.demo_hooks import Redactor, SecretGuard
 
 
 class ScriptedChat(GenericFakeChatModel):
@@ -266,8 +266,8 @@ async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_ho
 async def test_distributed_hooks_block_a_call_and_rewrite_an_output(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
-    procs.worker(bus_settings, "workers.demo_hooks:Redactor", "redactor")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:Redactor", "redactor")
     async with HookClient(bus_settings) as client:
         await wait_live(client, "SecretGuard", "Redactor")
         tools = Tools()
@@ -302,7 +302,7 @@ async def test_distributed_rewrite_of_input_and_output_by_scripted_workers(
 async def test_a_cancelled_session_stops_the_run_at_its_next_tool_call(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     async with HookClient(bus_settings) as client:
         await wait_live(client, "CancellationHook")
         await client.cancel("s-c")  # what `hookbus cancel s-c` does

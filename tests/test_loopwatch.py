@@ -1,4 +1,4 @@
-"""The loop-lag watchdog of hook services (workers/loopwatch.py, issue 30 item 3): while a
+"""The loop-lag watchdog of hook services (workers/services/loopwatch.py, issue 30 item 3): while a
 hook's code holds the event loop, a line names the hook and the line it is stuck on; code that
 is not the hook's is not blamed on it; a loop that only waits is never reported."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from bus import CONTINUE, AgentHook
 from tests.harness import wait_for
-from workers.loopwatch import LoopWatch, hook_codes
+from workers.services.loopwatch import LoopWatch, hook_codes
 
 
 class Stuck(AgentHook):

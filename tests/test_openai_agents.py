@@ -33,7 +33,7 @@ from bus import (
 from bus.settings import BusSettings
 from tests.harness import Processes, wait_live
 from tests.hooks_for_tests import Recorder
-from workers.demo_hooks import Redactor, SecretGuard
+from workers.builtins.demo_hooks import Redactor, SecretGuard
 
 set_tracing_disabled(True)
 
@@ -276,8 +276,8 @@ async def test_pending_approvals_are_decided_by_permission_request_hooks() -> No
 async def test_distributed_hooks_block_a_call_and_rewrite_an_output(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
-    procs.worker(bus_settings, "workers.demo_hooks:Redactor", "redactor")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:Redactor", "redactor")
     async with HookClient(bus_settings) as client:
         await wait_live(client, "SecretGuard", "Redactor")
         tools = Tools()
@@ -379,7 +379,7 @@ async def test_a_failed_run_stops_with_error_and_your_run_hooks_are_still_called
 async def test_a_cancelled_session_stops_the_run_at_its_next_tool_call(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     async with HookClient(bus_settings) as client:
         await wait_live(client, "CancellationHook")
         await client.cancel("s-c")  # what `hookbus cancel s-c` does

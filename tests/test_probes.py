@@ -17,12 +17,12 @@ import yaml
 
 from bus.settings import BusSettings
 from tests.harness import ROOT, until, worker_env
-from workers.redis_server import RedisServer, free_port
+from workers.local.redis_server import RedisServer, free_port
 
 TIMEOUT = 60
 SERVICES = {
-    "sync worker": ["worker", "workers.demo_hooks:SecretGuard"],
-    "async worker": ["worker", "workers.metrics:AsyncMetricsHook"],
+    "sync worker": ["worker", "workers.builtins.demo_hooks:SecretGuard"],
+    "async worker": ["worker", "workers.builtins.metrics:AsyncMetricsHook"],
     "coordinator": ["coordinator"],
 }
 

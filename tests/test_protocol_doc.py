@@ -20,7 +20,6 @@ from bus import HookEvent
 from bus.events import PostToolUseContext, PreToolUseContext, SessionStopContext
 from bus.events import TurnTerminal as Terminal
 from bus.hooks import AgentHook, AsyncAgentHook, DeliveredEvent, spec_of
-from bus.keys import Keys
 from bus.protocol import (
     AuditRecord,
     DecisionReply,
@@ -33,13 +32,15 @@ from bus.protocol import (
     raw,
 )
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.harness import ROOT, Processes, until, worker_env
 from tests.remote_hooks import HookConfig
 from tests.test_conformance import VECTORS_DIR, load_vector, mismatches
 from tests.test_foreign_clients import SHELL_CLIENT, start_services
-from workers import audit, builtins
-from workers.loading import import_target, load_hook
-from workers.redaction import Redaction
+from workers.builtins import audit
+from workers.builtins import embedded as builtins
+from workers.builtins.redaction import Redaction
+from workers.services.loading import import_target, load_hook
 
 PROTOCOL = (ROOT / "docs" / "protocol.md").read_text()
 MODULE_CLASS = re.compile(r"\b((?:[a-z_]+\.)+[a-z_]+):([A-Z]\w+)\b")
@@ -91,7 +92,7 @@ def named_hooks() -> tuple[dict[str, str], set[str]]:
 
 def test_every_module_path_in_the_protocol_imports() -> None:
     found = {m.group(0) for m in MODULE_CLASS.finditer(PROTOCOL)}
-    assert "workers.demo_hooks:ShellPolicy" in found
+    assert "workers.builtins.demo_hooks:ShellPolicy" in found
     for path in found:
         obj = import_target(path)
         assert isinstance(obj, type) and issubclass(obj, AgentHook | AsyncAgentHook), path
@@ -99,12 +100,12 @@ def test_every_module_path_in_the_protocol_imports() -> None:
 
 def test_section_1_9_gives_each_class_its_registered_name() -> None:
     classes, data = named_hooks()
-    assert classes["CancellationHook"] == "workers.cancellation:RedisCancellationHook"
+    assert classes["CancellationHook"] == "workers.builtins.cancellation:RedisCancellationHook"
     for name, path in classes.items():
         assert spec_of(load_hook(path)).name == name, path
     assert "Slowpoke" in data
     for name in data:  # no class of that name anywhere a reader would look
-        for module in ("workers.demo_hooks", "workers.builtins", "bus"):
+        for module in ("workers.builtins.demo_hooks", "workers.builtins.embedded", "bus"):
             with pytest.raises(Exception, match="has no"):
                 import_target(f"{module}:{name}")
 
@@ -180,7 +181,7 @@ def test_the_slowpoke_row_is_what_the_coordinator_service_answers(
     (row,) = [r for r in table(section("6.3"), "request (`event`, context)") if "Slowpoke" in r[0]]
     config = msgspec.json.decode(re.search(r"`(\{.*?\})`", row[0])[1], type=HookConfig)  # type: ignore[index]
     assert (config.delay, config.timeout) == (10, None) and "timeout_ms: 2000" in row[0]
-    procs.worker(bus_settings, "workers.demo_hooks:SecretGuard", "guard")
+    procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
     start_services(procs, bus_settings, config)
 
     def answer() -> dict[str, Any] | None:
@@ -239,7 +240,7 @@ def test_no_on_session_stop_lifts_a_cancellation(
     """6.6: only the TTL or an operator lifts a cancellation; an OnSessionStop, through a
     coordinator or straight to the events stream, does not."""
     keys = Keys(bus_settings.prefix)
-    procs.worker(bus_settings, "workers.cancellation:RedisCancellationHook", "cancel")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
     procs.start(["coordinator"], worker_env(bus_settings, HOOKBUS_REFRESH_SECS="0.2"), "coord")
     r = Redis.from_url(bus_settings.redis_url)
     try:

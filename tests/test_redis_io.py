@@ -1,5 +1,5 @@
-"""bus.redis_io's own pipelined exchange and stream replies, on a real Redis and a real cluster:
-what redis-py's Pipeline and parsers gave before, without their cost per call."""
+"""bus.transport.redis_io's own pipelined exchange and stream replies, on a real Redis and a real
+cluster: what redis-py's Pipeline and parsers gave before, without their cost per call."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from bus.redis_io import close, connect, consume, ensure_group, held_connection, pipelined
 from bus.settings import BusSettings
+from bus.transport.redis_io import close, connect, consume, ensure_group, held_connection, pipelined
 from tests.harness import wait_for
 
 

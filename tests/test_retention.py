@@ -19,17 +19,17 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
-from bus.keys import WORKERS_GROUP, Keys
 from bus.protocol import DATA_FIELD, AuditRecord, encode, new_id, now_ms
-from bus.redis_io import connect, keep_and_claim
-from bus.retention import TRIMMED, Retention, hard_cap
 from bus.settings import BusSettings
+from bus.transport.keys import WORKERS_GROUP, Keys
+from bus.transport.redis_io import connect, keep_and_claim
+from bus.transport.retention import TRIMMED, Retention, hard_cap
 from tests.harness import Processes, audit_events, wait_for
 from tests.otlp_receiver import OTLPReceiver
 from tests.remote_hooks import AsyncConfig
 from tests.test_async_workers import event, recorded, wait_group
 from tests.test_operator_cli import hookbus, ok, table_rows
-from workers.operator import consumer_lag
+from workers.ops.operator import consumer_lag
 
 
 def ev(keys: Keys) -> str:
@@ -65,7 +65,7 @@ def stop(proc: Any, sig: int = signal.SIGTERM) -> None:
 
 
 async def publish_capped(redis: Redis, stream: str, payloads: list[bytes], cap: int) -> None:
-    """XADD as every publisher does (bus/coordinator.py): ``MAXLEN ~ cap``, pipelined."""
+    """XADD as every publisher does (bus/transport/coordinator.py): ``MAXLEN ~ cap``, pipelined."""
     for start in range(0, len(payloads), 1000):
         async with redis.pipeline(transaction=False) as pipe:
             for p in payloads[start : start + 1000]:
@@ -376,7 +376,7 @@ async def test_the_audit_trail_cut_while_the_audit_log_is_down_is_counted_exactl
 
     def audit_log(**env: str) -> Any:
         return procs.worker(
-            settings, "workers.audit:AsyncAuditLogHook", "audit",
+            settings, "workers.builtins.audit:AsyncAuditLogHook", "audit",
             HOOKBUS_AUDIT_DB=str(db), **caps_env(settings), **env,
         )  # fmt: skip
 

@@ -22,7 +22,7 @@ from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.test_probes import get
 from workers.testing import context, wait_for_hooks
 
-HOOK = "SecretGuard"  # workers.demo_hooks: failure_policy "fail", PreToolUse on .env files
+HOOK = "SecretGuard"  # workers.builtins.demo_hooks: failure_policy "fail", PreToolUse on .env files
 IDLE = (
     f"hook {HOOK} was removed by test-operator at ",
     f"(hookbus hooks remove): not serving it. To serve it again: hookbus hooks restore {HOOK}; "
@@ -51,7 +51,7 @@ async def ask(client: HookClient) -> Any:
 async def test_a_removed_hooks_replicas_stay_up_idle_and_serve_again_once_restored(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    target = f"workers.demo_hooks:{HOOK}"
+    target = f"workers.builtins.demo_hooks:{HOOK}"
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
         first = procs.worker(bus_settings, target, "first")
         await wait_live(client, HOOK)
@@ -99,7 +99,7 @@ async def test_a_removed_hooks_replicas_stay_up_idle_and_serve_again_once_restor
 async def test_a_replica_started_for_a_removed_async_hook_stays_up_idle(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
-    name, target = "AsyncMetricsHook", "workers.metrics:AsyncMetricsHook"
+    name, target = "AsyncMetricsHook", "workers.builtins.metrics:AsyncMetricsHook"
     async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
         first = procs.worker(bus_settings, target, "first")
         await wait_for_hooks(client, name, timeout=60)

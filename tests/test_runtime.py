@@ -12,7 +12,7 @@ from agent_adapter.runtime import AgentRuntime, estimate_tokens
 from agent_adapter.tools import sandbox_tools
 from bus import HookEvent, HookRegistry, HookSettings, PermissionDenialSource, TurnTerminal
 from tests.hooks_for_tests import Recorder
-from workers.builtins import MetricsData
+from workers.builtins.embedded import MetricsData
 
 
 async def test_demo_session_fires_all_12_events_and_the_agent_sees_the_hooks(

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bus.keys import Keys
 from bus.schema import drift, render
+from bus.transport.keys import Keys
 from tests.harness import ROOT
 
 SCHEMA_DIR = ROOT / "docs" / "schema"
@@ -56,7 +56,8 @@ def test_asyncapi_names_every_channel_and_message() -> None:
         named = set(re.findall(r"\{(\w+)\}", channel["address"]))
         assert named == set(channel.get("parameters", {})), channel
     assert "CancelRequest" in doc["channels"]["tenantDecisions"]["messages"]
-    # The tenant's channels and the hooks' are what bus/keys.py names, once a parameter is filled.
+    # The tenant's channels and the hooks' are what bus/transport/keys.py names, once a parameter is
+    # filled.
     keys = Keys("hookbus")
     assert keys.tenant_decisions("acme") == "hookbus:t:{tenant}:decisions".replace(
         "{tenant}", "{acme}"

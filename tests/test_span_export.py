@@ -1,4 +1,4 @@
-"""HookBus's span export (bus/span_export.py): what it writes decodes as OTLP, the sampler
+"""HookBus's span export (bus/telemetry/export.py): what it writes decodes as OTLP, the sampler
 decides, the queue is bounded, every span lost is counted, and the event loop never waits
 on the receiver."""
 
@@ -24,9 +24,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
-from bus import span_export
-from bus.span_export import SpanExport, encode_span
-from bus.telemetry import LightSpan, _Deferred, context_from
+from bus.telemetry import export as span_export
+from bus.telemetry.export import SpanExport, encode_span
+from bus.telemetry.tracing import LightSpan, _Deferred, context_from
 from tests.harness import ROOT, until
 from tests.otlp_receiver import OTLPReceiver
 
@@ -114,7 +114,7 @@ def test_a_sender_s_long_tracestate_is_dropped_not_carried_into_every_message() 
     the trace itself continues."""
     from opentelemetry import trace
 
-    from bus.telemetry import MAX_TRACESTATE
+    from bus.telemetry.tracing import MAX_TRACESTATE
 
     parent = f"00-{'ab' * 16}-{'cd' * 8}-01"
     long = ",".join(f"k{i}=" + '"' * 256 for i in range(32))

@@ -1,8 +1,8 @@
 """An agent that starts while Redis is down fails closed until it has read the hook directory.
 
-A guard with ``failure_policy="fail"`` (``workers.demo_hooks:SecretGuard``, a real ``hookbus
-worker``) registers, then Redis is killed, then the agent starts: through ``HookClient``, both
-framework adapters and the HTTP gateway, no tool runs while the directory was never read, and
+A guard with ``failure_policy="fail"`` (``workers.builtins.demo_hooks:SecretGuard``, a real
+``hookbus worker``) registers, then Redis is killed, then the agent starts: through ``HookClient``,
+both framework adapters and the HTTP gateway, no tool runs while the directory was never read, and
 once Redis is back (restarted from its append-only file) the guard decides, without a restart
 of the agent (docs/reliability.md, promise 1; bus/unread.py).
 """
@@ -28,11 +28,11 @@ from bus import (
     PreToolUseContext,
     SessionStartContext,
 )
-from bus.keys import Keys
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, HookSettings
+from bus.transport.keys import Keys
 from tests.harness import Processes, until, wait_for, wait_live, worker_env
-from workers.redis_server import RedisServer, free_port
+from workers.local.redis_server import RedisServer, free_port
 
 UNREAD = "HookBus has not read the hook directory yet (Redis unreachable since start: "
 CLOSED = "): failing closed"
@@ -50,7 +50,7 @@ def guarded_then_down(procs: Processes) -> Iterator[tuple[RedisServer, BusSettin
         claim_idle_secs=0.5, refresh_secs=0.2,
     )  # fmt: skip
     try:
-        procs.worker(settings, "workers.demo_hooks:SecretGuard", "guard")
+        procs.worker(settings, "workers.builtins.demo_hooks:SecretGuard", "guard")
         keys = Keys(settings.prefix)
         with Redis.from_url(settings.redis_url) as redis:
             until(lambda: redis.zcard(keys.replicas("SecretGuard")), "SecretGuard registered",
@@ -65,10 +65,10 @@ def guarded_then_down(procs: Processes) -> Iterator[tuple[RedisServer, BusSettin
 def fresh_log(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Any:
     """The coordinator's warnings, with its rate limit reset: a line another test logged less
     than 10 s ago is not held back here."""
-    import bus.coordinator
+    import bus.transport.coordinator
 
     logger = logging.getLogger("hookbus.coordinator")
-    monkeypatch.setattr(bus.coordinator, "_failures", RateLimitedLog(logger))
+    monkeypatch.setattr(bus.transport.coordinator, "_failures", RateLimitedLog(logger))
     caplog.set_level(logging.WARNING, logger="hookbus")
     return caplog
 
@@ -134,9 +134,9 @@ async def test_the_coordinator_service_answers_an_unread_directory_closed(
 ) -> None:
     """The coordinator service (and the gateway) decide with ``decide()`` on a Coordinator of
     their own: before it has read the directory, the reply is a Block, never a Continue."""
-    from bus.coordinator import Coordinator
     from bus.protocol import DecisionRequest, new_id, now_ms, raw
-    from workers.coordinator_service import decide
+    from bus.transport.coordinator import Coordinator
+    from workers.services.coordinator_service import decide
 
     _, settings = guarded_then_down
     ctx = pre("run_shell", command="rm -rf /")
@@ -156,7 +156,7 @@ async def test_a_coordinator_service_is_not_ready_until_it_has_read_the_director
     """Its /readyz follows what it decides: while every tool call is refused (directory never
     read), a fresh heartbeat does not make it ready, so a load balancer sends it no agent;
     once Redis is back and the directory read, it is."""
-    from workers.coordinator_service import CoordinatorService
+    from workers.services.coordinator_service import CoordinatorService
 
     server, settings = guarded_then_down
     service = CoordinatorService(settings)

@@ -25,7 +25,7 @@ from bus import Block, HookEvent, HookSettings
 from bus.settings import BusSettings
 from tests.harness import Processes, wait_live
 from tests.remote_hooks import HookConfig
-from workers.redis_server import find_redis_server, free_port, stop_process
+from workers.local.redis_server import find_redis_server, free_port, stop_process
 from workers.testing import context
 
 pytestmark = pytest.mark.redis

@@ -96,7 +96,7 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
 
 
 def test_no_exporter_configured_installs_nothing() -> None:
-    from bus import telemetry
+    from bus.telemetry import tracing as telemetry
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     assert telemetry.configure("agent", env) is False
@@ -118,13 +118,13 @@ async def test_batch_hooks_record_a_span_per_batch_linked_to_each_publisher(
     import redis
 
     from bus.events import PostToolUseContext
-    from bus.keys import Keys
     from bus.protocol import AuditRecord, EventMessage, encode, new_id, now_ms, raw
+    from bus.transport.keys import Keys
 
     keys = Keys(bus_settings.prefix)
     with OTLPReceiver() as receiver:
         worker = procs.worker(
-            bus_settings, "workers.audit:AsyncAuditLogHook", "audit", "--from", "0",
+            bus_settings, "workers.builtins.audit:AsyncAuditLogHook", "audit", "--from", "0",
             HOOKBUS_AUDIT_DB=str(tmp_path / "audit.db"), **otel_env(receiver, "hookbus-audit"),
         )  # fmt: skip
         r = redis.Redis.from_url(bus_settings.redis_url)

@@ -1,4 +1,4 @@
-"""``hookbus up`` (workers/launcher.py) end to end, and the health checks: ``hookbus check``,
+"""``hookbus up`` (workers/local/launcher.py) end to end, and the health checks: ``hookbus check``,
 ``hookbus worker MODULE:CLASS --check [--here]``, ``hookbus coordinator --check``.
 
 ``hookbus up`` runs as a subprocess; every process it starts inherits a marker variable, so
@@ -22,12 +22,12 @@ import pytest
 import redis
 import yaml
 
-from bus.keys import Keys
 from bus.protocol import now_ms
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.harness import ROOT, Processes, audit_events, until, worker_env
-from workers.launcher import DEMO, STACK
-from workers.redis_server import free_port
+from workers.local.launcher import DEMO, STACK
+from workers.local.redis_server import free_port
 
 MARK = "HOOKBUS_TEST_UP_MARK"
 SERVICES = {
@@ -162,7 +162,7 @@ def test_up_demo_once_runs_the_demo_on_a_private_redis_and_stops_everything(
     assert set(rows) == SERVICES | {"redis"}, output
     assert rows["redis"][0] == "redis" and "(private)" in rows["redis"][2]
     assert rows["coordinator"] == ("coordinator", rows["coordinator"][1], "hookbus coordinator")
-    assert rows["secret-guard-2"][2] == "hookbus worker workers.demo_hooks:SecretGuard"
+    assert rows["secret-guard-2"][2] == "hookbus worker workers.builtins.demo_hooks:SecretGuard"
     assert f"logs:  {up.logs}/NAME.log" in output
     assert re.search(r"^ready: the coordinator and 4 hooks \(.*\) are live$", output, re.M)
     assert "attached to the running hook services: CancellationHook, SecretGuard" in output
@@ -253,7 +253,7 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
     s, prefix, host = bus_settings, bus_settings.prefix, socket.gethostname()
-    guard = "workers.demo_hooks:SecretGuard"
+    guard = "workers.builtins.demo_hooks:SecretGuard"
     assert hookbus(s, "check") == (0, f"ok: Redis at {s.redis_url} answers")
     assert hookbus(s, "worker", guard, "--check") == (
         1,
@@ -311,7 +311,7 @@ def test_checks_fail_in_one_line_when_redis_cannot_be_reached() -> None:
     dead = BusSettings(redis_url=f"redis://user:secret@127.0.0.1:{free_port()}/0")
     for args in (
         ("check",),
-        ("worker", "workers.demo_hooks:SecretGuard", "--check", "--here"),
+        ("worker", "workers.builtins.demo_hooks:SecretGuard", "--check", "--here"),
         ("coordinator", "--check"),
     ):
         code, line = hookbus(dead, *args)

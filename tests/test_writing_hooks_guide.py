@@ -53,7 +53,7 @@ from tests.test_deploy import (
     validate_manifest,
 )
 from workers.cli import build_parser
-from workers.redis_server import free_port
+from workers.local.redis_server import free_port
 
 GUIDE = ROOT / "docs" / "writing-hooks.md"
 FENCE = re.compile(
@@ -247,7 +247,7 @@ def check_skipped_blocks(skipped: list[Block]) -> None:
     assert "kubectl apply -f k8s/no-secrets.yaml" in text
 
 
-USER = "hook-NoSecrets"  # the hook service's own Redis user (workers/acl.py: hook-NAME)
+USER = "hook-NoSecrets"  # the hook service's own Redis user (workers/ops/acl.py: hook-NAME)
 
 
 def acl_users(path: Path) -> dict[str, str]:
@@ -258,7 +258,7 @@ def acl_users(path: Path) -> dict[str, str]:
 def check_acl(project: Path) -> None:
     """The ACL file the guide generated: HookBus's stack's users, unchanged, and hook-NoSecrets
     with the rules of a sync hook (only its own keys)."""
-    from workers.acl import HookUser, hook_rules
+    from workers.ops.acl import HookUser, hook_rules
 
     mine, stack = acl_users(project / "users.acl"), acl_users(REDIS_DIR / "users.acl")
     assert mine.pop(USER) == f"user {USER} {hook_rules(HookUser('NoSecrets'))}"

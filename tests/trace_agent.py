@@ -13,8 +13,9 @@ from agent_adapter.client import HookClient
 from agent_adapter.llm import ScriptedLLM, answer, call, tools
 from agent_adapter.runtime import AgentRuntime
 from agent_adapter.tools import sandbox_tools
-from bus import HookSettings, telemetry
+from bus import HookSettings
 from bus.settings import BusSettings
+from bus.telemetry import tracing as telemetry
 
 
 async def main(sandbox: Path) -> None:

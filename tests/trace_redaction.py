@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bus import HookEvent, HookRegistry, HookSettings, telemetry
+from bus import HookEvent, HookRegistry, HookSettings
 from bus.actions import MutateInput, MutateOutput
 from bus.events import PostToolUseContext, PreToolUseContext
+from bus.telemetry import tracing as telemetry
 from tests.hooks_for_tests import Recorder
 
 SECRET = "sk-live-4f1c9e2b7a5d3c8e"

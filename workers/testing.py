@@ -100,7 +100,7 @@ async def served(
     is not live within ``timeout`` seconds, fails with its log.
     """
     from bus.settings import BusSettings
-    from workers.redis_server import RedisServer, stop_process
+    from workers.local.redis_server import RedisServer, stop_process
 
     if not targets:
         raise ValueError("served() needs at least one target (package.module:HookClass)")

@@ -46,7 +46,7 @@ from bus import (
     render_system_reminder,
 )
 from bus.aggregation import truncate
-from workers.cancellation import RedisCancellationHook
+from workers.builtins.cancellation import RedisCancellationHook
 
 #: The hook whose Block means "this session was cancelled" (``hookbus cancel``): the adapters
 #: then stop the run (``SessionCancelled``), not only this one call.

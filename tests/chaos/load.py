@@ -16,8 +16,8 @@ from agent_adapter.llm import call
 from agent_adapter.permissions import ToolKind
 from agent_adapter.tools import Tool, Toolbox
 from bus import HookEvent, MutateInput
-from bus.keys import Keys
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.harness import Processes, wait_for
 from tests.remote_hooks import AsyncConfig, HookConfig
 

@@ -28,9 +28,9 @@ from redis.exceptions import RedisError
 
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings
-from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, reconcile
 from tests.harness import wait_for
 from workers.testing import context

@@ -2,8 +2,8 @@
 
 Guard (``failure_policy="fail"``, MutateInput ``{"x": -1}``) runs as two replicas under
 libfaketime, one 5 s ahead and one 5 s behind; the async hook Ledger runs 5 s ahead too. Redis,
-the agents and their coordinator keep the true clock. Before bus/clock.py the replica ahead
-dropped every request as expired, silently, and the one behind looked dead (its heartbeats 5 s
+the agents and their coordinator keep the true clock. Before bus/transport/clock.py the replica
+ahead dropped every request as expired, silently, and the one behind looked dead (its heartbeats 5 s
 old): every call was blocked by Guard's failure policy — or, with ``ignore``, run unchecked —
 while ``--check`` called the hook healthy. The ledger must show every call checked, no request
 dropped, the hook named as skewed, and its ``--check`` failing with the reason.
@@ -24,8 +24,8 @@ import pytest
 
 from agent_adapter.client import HookClient
 from bus import HookSettings
-from bus.clock import is_skewed
 from bus.settings import BusSettings
+from bus.transport.clock import is_skewed
 from tests.chaos.conftest import Ledger
 from tests.chaos.load import GUARD, GUARD_TIMEOUT, GuardedAgents, Services
 from tests.faketime import faked

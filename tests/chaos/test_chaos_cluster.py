@@ -2,7 +2,7 @@
 
 A private cluster (3 masters, 3 replicas, ``cluster-node-timeout`` 1 s). Agents keep asking the
 ``fail`` hook Guard through a HookClient on the cluster; a publisher XADDs events the way the
-coordinator does (``bus.redis_io.xadd_batch``) and keeps the id of every event Redis
+coordinator does (``bus.transport.redis_io.xadd_batch``) and keeps the id of every event Redis
 acknowledged; the async hook Ledger handles events. The master that holds the events stream is
 SIGKILLed; its replica takes over.
 
@@ -25,14 +25,14 @@ import pytest
 
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings
-from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms
-from bus.redis_io import close, connect, xadd_batch
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
+from bus.transport.redis_io import close, connect, xadd_batch
 from tests.chaos.conftest import Ledger
 from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live
-from workers.redis_cluster import LocalCluster
+from workers.local.redis_cluster import LocalCluster
 from workers.testing import context
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,8 +82,8 @@ async def publish_until(
 
 
 # After a master dies, redis-py's cluster client rebuilds its node map and leaves the dropped
-# nodes' connections to the garbage collector (bus/redis_io.py closes those its own refresh
-# drops; redis-py's internal refreshes it cannot reach). Those unclosed sockets to the dead
+# nodes' connections to the garbage collector (bus/transport/redis_io.py closes those its own
+# refresh drops; redis-py's internal refreshes it cannot reach). Those unclosed sockets to the dead
 # master are what this test's fault leaves behind, not a leak of HookBus's: not errors here.
 @pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -28,13 +28,13 @@ from redis.exceptions import RedisError
 
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings
-from bus.keys import Keys
 from bus.protocol import EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.chaos.conftest import Freezer, Ledger
 from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live
-from workers.redis_server import RedisServer
+from workers.local.redis_server import RedisServer
 from workers.testing import context
 
 pytestmark = pytest.mark.timeout(240)

@@ -31,9 +31,9 @@ from redis.asyncio import Redis
 
 from agent_adapter.client import HookClient
 from bus import HookSettings
-from bus.keys import COORDINATORS_GROUP, Keys
 from bus.protocol import new_id, now_ms
 from bus.settings import BusSettings
+from bus.transport.keys import COORDINATORS_GROUP, Keys
 from tests.chaos.conftest import Freezer, Ledger
 from tests.chaos.load import GUARD_TIMEOUT, PRE, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live, worker_env

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import redis
 
-from bus.keys import Keys
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
 from tests.harness import ROOT, until
-from workers.redis_server import free_port, stop_process
+from workers.local.redis_server import free_port, stop_process
 
-HOOKS = "Guard,Rogue,workers.cancellation:RedisCancellationHook,Tail=async"
+HOOKS = "Guard,Rogue,workers.builtins.cancellation:RedisCancellationHook,Tail=async"
 TENANTS = "acme,beta"
 ADMIN = "admin-security-pw"
 KEYS = Keys()  # the default prefix, as the generated file is written for

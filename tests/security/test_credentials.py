@@ -255,8 +255,8 @@ def test_residual_an_async_hook_credential_reads_the_events_as_any_group(
     position and trims them.
     It reaches nothing else another credential guards."""
     tail: Attacker = attacker("hook-Tail")
-    # (It may SCRIPT LOAD: bus/retention.py's scripts run by EVALSHA on the events partitions,
-    # and every command inside runs under this user's ACL.)
+    # (It may SCRIPT LOAD: bus/transport/retention.py's scripts run by EVALSHA on the events
+    # partitions, and every command inside runs under this user's ACL.)
     attacks = [c for c in HOOK_ATTACKS if EVENTS not in c and c[:2] != ("SCRIPT", "LOAD")]
     run_all(
         acl, tail, [*attacks, ("XADD", EVENTS, "*", "d", "x"), ("XADD", EVENTS, MAX_ID, "d", "x")]

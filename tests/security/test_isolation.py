@@ -146,7 +146,7 @@ def bus(acl: AclServer, procs: Processes) -> Iterator[Bus]:
     procs.scripted(acl.settings("hook-Guard"), guard)
     procs.worker(
         acl.settings("hook-CancellationHook"),
-        "workers.cancellation:RedisCancellationHook",
+        "workers.builtins.cancellation:RedisCancellationHook",
         "cancellation",
     )
     operator(acl, "tenants", "add", "acme")

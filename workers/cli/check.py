@@ -29,7 +29,7 @@ from workers.cli.common import (
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from bus.keys import Keys
+    from bus.transport.keys import Keys
 
 #: A check that gets no answer within this many seconds fails (probes allow a few more).
 CHECK_TIMEOUT_SECS = 3.0
@@ -37,8 +37,8 @@ Probe = Callable[["Redis", "Keys", BusSettings], Awaitable[tuple[bool, str]]]
 
 
 def on_host(member: str, host: str) -> bool:
-    """Whether a replica or coordinator id (``HOST-PID-RANDOM``, workers/worker.py and
-    bus/coordinator.py) names a process on ``host``."""
+    """Whether a replica or coordinator id (``HOST-PID-RANDOM``, workers/services/worker.py and
+    bus/transport/coordinator.py) names a process on ``host``."""
     if not member.startswith(host + "-"):
         return False
     return re.fullmatch(r"\d+-[0-9a-f]+", member[len(host) + 1 :]) is not None
@@ -48,12 +48,12 @@ async def hook_status(
     redis: Redis, keys: Keys, settings: BusSettings, hook: str, host: str | None = None
 ) -> tuple[bool, str]:
     """Whether ``hook`` has a live replica (on ``host`` only, if given), and a line saying so."""
-    from bus.clock import redis_ms
     from bus.protocol import now_ms
-    from workers.operator import replica_summary
+    from bus.transport.clock import redis_ms
+    from workers.ops.operator import replica_summary
 
     # Only this hook's own keys: a hook service's Redis user reaches no other hook's
-    # (workers/acl.py), and needs none to tell whether it is up.
+    # (workers/ops/acl.py), and needs none to tell whether it is up.
     async with redis.pipeline(transaction=False) as pipe:
         pipe.sismember(keys.hooks, hook)
         pipe.get(keys.manifest(hook))
@@ -110,8 +110,8 @@ async def ping(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, s
 
 def run_check(args: argparse.Namespace, probe: Probe) -> int:
     """One line and an exit code: 0 healthy, 1 not (or Redis did not answer), 2 bad usage."""
-    from bus.keys import Keys
-    from bus.redis_io import connect
+    from bus.transport.keys import Keys
+    from bus.transport.redis_io import connect
 
     settings = settings_of(args)
     url = redacted(settings.redis_url)
@@ -142,7 +142,7 @@ def run_check(args: argparse.Namespace, probe: Probe) -> int:
 
 def worker_check(args: argparse.Namespace) -> int:
     from bus.hooks import spec_of
-    from workers.loading import load_hook
+    from workers.services.loading import load_hook
 
     try:
         name = spec_of(load_hook(args.hook, app_dir=args.app_dir, config=hook_config(args))).name
@@ -151,7 +151,7 @@ def worker_check(args: argparse.Namespace) -> int:
     host = socket.gethostname() if args.here else None
 
     async def probe(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[bool, str]:
-        from workers.health import clock_checked  # and the clocks: workers/health.py
+        from workers.ops.health import clock_checked  # and the clocks: workers/ops/health.py
 
         return await clock_checked(hook_status, redis, keys, settings, name, host)
 

@@ -21,8 +21,8 @@ from bus.settings import BusSettings
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from bus.keys import Keys
-    from workers.probes import Health
+    from bus.transport.keys import Keys
+    from workers.services.probes import Health
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ def serve(
 ) -> int:
     """Run a service until SIGTERM or Ctrl-C, then let it shut down cleanly; with a
     ``health_port``, answer ``/livez`` and ``/readyz`` from ``health`` there meanwhile."""
-    from bus import telemetry
+    from bus.telemetry import tracing as telemetry
 
     telemetry.configure(role)
     freeze_start_up_heap()
@@ -57,7 +57,7 @@ def serve(
             loop.add_signal_handler(sig, stop.set)
         probes = None
         if health is not None and health_port:
-            from workers.probes import start_probes
+            from workers.services.probes import start_probes
 
             try:
                 probes = await start_probes(health, health_port)
@@ -91,8 +91,8 @@ def with_redis(
     args: argparse.Namespace, work: Callable[[Redis, Keys, BusSettings], Awaitable[T]]
 ) -> T:
     """Run ``work`` with a client on the bus's Redis, closed afterwards."""
-    from bus.keys import Keys
-    from bus.redis_io import connect
+    from bus.transport.keys import Keys
+    from bus.transport.redis_io import connect
 
     settings = settings_of(args)
     announce_redis(args, settings)
@@ -203,6 +203,6 @@ def redis_url(args: argparse.Namespace) -> str:
 
 def hook_config(args: argparse.Namespace) -> dict[str, object]:
     """The hook's constructor arguments from ``--config FILE`` and ``--set NAME=VALUE``."""
-    from workers.loading import parse_config
+    from workers.services.loading import parse_config
 
     return parse_config(getattr(args, "set_values", None) or (), getattr(args, "config", None))

@@ -1,4 +1,4 @@
-"""Deploy tooling: ``hookbus acl`` prints the Redis ACL users of a deployment (workers/acl.py)."""
+"""Deploy tooling: ``hookbus acl`` prints a deployment's Redis ACL users (workers/ops/acl.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from workers.cli.common import UsageError
 
 
 def _acl(args: argparse.Namespace) -> int:
-    from workers.acl import P, hook_user_of, render, split_list
+    from workers.ops.acl import P, hook_user_of, render, split_list
 
     hooks = [hook_user_of(h, args.app_dir) for h in split_list(args.hooks)]
     tenants = split_list(args.tenants)

@@ -7,8 +7,8 @@ import asyncio
 import os
 import sys
 
-from bus.keys import MAX_SHARDS
 from bus.settings import HookSettings
+from bus.transport.keys import MAX_SHARDS
 from workers.cli.check import add_check_options, coordinator_check, worker_check
 from workers.cli.common import UsageError, add_redis_options, hook_config, serve, settings_of
 
@@ -23,10 +23,10 @@ def _worker(args: argparse.Namespace) -> int:
     if args.check:
         return worker_check(args)
     from bus.hooks import AsyncAgentHook
-    from workers.async_worker import AsyncHookWorker
-    from workers.loading import load_hook
-    from workers.replay import parse_position
-    from workers.worker import HookWorker
+    from workers.ops.replay import parse_position
+    from workers.services.async_worker import AsyncHookWorker
+    from workers.services.loading import load_hook
+    from workers.services.worker import HookWorker
 
     hook = load_hook(args.hook, app_dir=args.app_dir, config=hook_config(args))
     if isinstance(hook, AsyncAgentHook):
@@ -57,14 +57,14 @@ def _worker(args: argparse.Namespace) -> int:
 def _coordinator(args: argparse.Namespace) -> int:
     if args.check:
         return coordinator_check(args)
-    from workers.coordinator_service import CoordinatorService
+    from workers.services.coordinator_service import CoordinatorService
 
     service = CoordinatorService(settings_of(args))
     return serve(service.run, "coordinator", service.health, service.settings.health_port)
 
 
 def _up(args: argparse.Namespace) -> int:
-    from workers.launcher import up
+    from workers.local.launcher import up
 
     url = args.redis or os.environ.get("HOOKBUS_REDIS_URL") or None
     if url is not None:
@@ -90,7 +90,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.set_defaults(func=_demo)
 
     worker = add_redis_options(sub.add_parser("worker", help="serve one hook over Redis"))
-    worker.add_argument("hook", metavar="MODULE:CLASS", help="e.g. workers.demo_hooks:SecretGuard")
+    worker.add_argument(
+        "hook", metavar="MODULE:CLASS", help="e.g. workers.builtins.demo_hooks:SecretGuard"
+    )
     worker.add_argument(
         "--shards",
         type=int,
@@ -155,7 +157,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     coordinator.set_defaults(func=_coordinator)
 
-    from workers import gateway as gateway_command  # its options and run(); Starlette on demand
+    # its options and run(); Starlette on demand
+    from workers.services import gateway as gateway_command
 
     gateway = add_redis_options(
         sub.add_parser("gateway", help="decisions over HTTP (bearer token per tenant)")

@@ -45,7 +45,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.util.re import parse_env_headers
 
 if TYPE_CHECKING:
-    from bus.telemetry import LightSpan
+    from bus.telemetry.tracing import LightSpan
 
 log = logging.getLogger("hookbus.telemetry")
 

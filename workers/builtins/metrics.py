@@ -1,6 +1,6 @@
 """Metrics as an async hook service: counts and latencies, kept in Redis for ``hookbus metrics``.
 
-``hookbus worker workers.metrics:AsyncMetricsHook`` adds up, per event batch, in the hash
+``hookbus worker workers.builtins.metrics:AsyncMetricsHook`` adds up, per event batch, in the hash
 ``{p}:hook:{AsyncMetricsHook}:metrics``: events per type, tool calls, tool errors, total tool
 latency, sessions started and stopped (per terminal reason). Delivery is at least once, so
 after a replica crash a few events may be counted twice; the audit log is the exact record.
@@ -21,9 +21,9 @@ from typing import Any
 
 from bus import AsyncAgentHook
 from bus.hooks import DeliveredEvent
-from bus.keys import Keys
-from bus.redis_io import connect
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
+from bus.transport.redis_io import connect
 
 #: The longest tool call whose latency is added to the total: a week. Skipped, not clamped,
 #: beyond it: a clamped value would put a figure no tool measured into the total; a skipped one
@@ -39,7 +39,7 @@ MAX_ELAPSED_MS = 7 * 24 * 3600 * 1000.0
 #: fail, HINCRBYFLOAT (on a value that is not a float), before any HINCRBY. Why a script and not
 #: MULTI/EXEC: a transaction does not undo its other commands when one fails at run time (it
 #: would count a retried batch twice, as the pipeline did), and a hook service's Redis user may
-#: run EVALSHA and SCRIPT LOAD but not MULTI/EXEC (workers/acl.py). The one key is one cluster
+#: run EVALSHA and SCRIPT LOAD but not MULTI/EXEC (workers/ops/acl.py). The one key is one cluster
 #: slot.
 _ADD = """
 local key = KEYS[1]

@@ -1,7 +1,7 @@
 """The example hooks of ``hookbus demo``: one of each kind of intervention.
 
 Each has a no-argument constructor, so any of them can also run as a hook service:
-``hookbus worker workers.demo_hooks:SecretGuard``.
+``hookbus worker workers.builtins.demo_hooks:SecretGuard``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from bus import (
     ToolMatchFilter,
     Warn,
 )
-from workers.redaction import within_strings
+from workers.builtins.redaction import within_strings
 
 log = logging.getLogger("hookbus.demo")
 #: An API key's value: up to a space, a line's end, a quote or a backslash (JSON's escapes).

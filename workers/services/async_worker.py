@@ -13,8 +13,8 @@
 * Once without faults: while the hook runs (within its timeout), the keep-alive keeps the
   replica's in-flight entries its own (XCLAIM … JUSTID resets their idle time, as the sync
   worker does), so a hook slower than ``claim_idle_secs`` is not run again by another replica.
-* Nothing lost silently: reads go through bus/retention.py, which counts and reports what a
-  stream's hard cap cut before the group read it; a pending entry the cap cut (XAUTOCLAIM's
+* Nothing lost silently: reads go through bus/transport/retention.py, which counts and reports what
+  a stream's hard cap cut before the group read it; a pending entry the cap cut (XAUTOCLAIM's
   deleted ids) becomes a dead letter, "trimmed before it was handled". Every replica runs the
   retention pass on the streams it reads.
 * Dead letters: a malformed entry goes to ``{p}:dlq`` at once; an entry delivered more than
@@ -42,14 +42,10 @@ from typing import Any, TypeVar, cast
 from opentelemetry.trace import Status, StatusCode
 from redis.exceptions import ResponseError
 
-from bus import telemetry
-from bus.clock import START_SAMPLES, RedisClock
-from bus.directory import write_manifest
 from bus.dispatch import eager
 from bus.errors import HookRetired, ProtocolError
 from bus.events import TOOL_EVENTS, HookEvent, session_of, tool_of
 from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_event, spec_of
-from bus.keys import Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
     AuditRecord,
@@ -63,7 +59,12 @@ from bus.protocol import (
     retired_hook,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import (
+from bus.settings import BusSettings, HookSettings
+from bus.telemetry import tracing as telemetry
+from bus.transport.clock import START_SAMPLES, RedisClock
+from bus.transport.directory import write_manifest
+from bus.transport.keys import Keys, check_name
+from bus.transport.redis_io import (
     UNREACHABLE,
     Entry,
     connect,
@@ -73,10 +74,9 @@ from bus.redis_io import (
     pipelined,
     retire_replica,
 )
-from bus.retention import Gap, Retention, group_backlogs
-from bus.settings import BusSettings, HookSettings
-from workers.probes import Health
-from workers.worker import idle_while_removed
+from bus.transport.retention import Gap, Retention, group_backlogs
+from workers.services.probes import Health
+from workers.services.worker import idle_while_removed
 
 log = logging.getLogger("hookbus.async")
 _failures = RateLimitedLog(log)
@@ -307,8 +307,8 @@ class AsyncHookWorker:
 
     async def _read_new(self, stream: str) -> list[Entry]:
         """New entries of ``stream`` for this replica, without blocking; what the hard cap cut
-        before them is recorded (bus/retention.py). Why not XREADGROUP BLOCK: a blocked read
-        could pass over entries the cap cut meanwhile without counting them; so the read loop
+        before them is recorded (bus/transport/retention.py). Why not XREADGROUP BLOCK: a blocked
+        read could pass over entries the cap cut meanwhile without counting them; so the read loop
         waits with a plain XREAD BLOCK and then reads here."""
         entries, gap, self._last_id[stream] = await self.retention.read(
             stream, self.group, self.replica, self.batch_size

@@ -7,7 +7,7 @@ semantics) a Python agent embeds, and answered with a ``DecisionReply``. A reque
 the protocol gets an error reply that names the field when its ``reply_to`` can be read, and
 goes to the dead-letter stream otherwise; the service never stops because of it.
 
-``decide()`` is that decision, shared with the HTTP gateway (``workers/gateway.py``).
+``decide()`` is that decision, shared with the HTTP gateway (``workers/services/gateway.py``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ from typing import NamedTuple, Protocol, TypeVar
 import msgspec
 from opentelemetry import context as otel_context
 
-from bus import limits, telemetry
+from bus import limits
 from bus.aggregation import refusal
-from bus.clock import MAX_SKEW_MS, ExpiredDrops, describe
-from bus.coordinator import Coordinator, dispatch_source
 from bus.dispatch import deadline_cap
 from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookContext, HookEvent
-from bus.keys import COORDINATORS_GROUP
 from bus.protocol import (
     DATA_FIELD,
     MAX_MESSAGE_BYTES,
@@ -44,7 +41,13 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import (
+from bus.runner import check_context
+from bus.settings import BusSettings, HookSettings
+from bus.telemetry import tracing as telemetry
+from bus.transport.clock import MAX_SKEW_MS, ExpiredDrops, describe
+from bus.transport.coordinator import Coordinator, dispatch_source
+from bus.transport.keys import COORDINATORS_GROUP
+from bus.transport.redis_io import (
     UNREACHABLE,
     Entry,
     Settled,
@@ -55,10 +58,8 @@ from bus.redis_io import (
     hand_over,
     keep_and_claim,
 )
-from bus.runner import check_context
-from bus.settings import BusSettings, HookSettings
-from workers.probes import Health
-from workers.worker import Replies, send_replies
+from workers.services.probes import Health
+from workers.services.worker import Replies, send_replies
 
 log = logging.getLogger("hookbus.coordinator.service")
 _failures = RateLimitedLog(log)
@@ -138,7 +139,7 @@ async def decide(
     the expiry (an overloaded service) gets the error reply "no decision within timeout_ms".
     ``source`` names who asked (the gateway's tenant) on the published event and audit records.
     ``sent_ms`` is when the wait started (default: the request's ``ts``), on the clock ``now``
-    (default: Redis's, as the coordinator estimates it; bus/clock.py).
+    (default: Redis's, as the coordinator estimates it; bus/transport/clock.py).
     """
     start = request.ts if sent_ms is None else sent_ms
     timeout = (start + request.timeout_ms - (now or coordinator.clock.now_ms)()) / 1000

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from bus.errors import ConfigError
-from workers.redis_server import RedisServer
+from workers.local.redis_server import RedisServer
 
 
 def cluster_port() -> int:

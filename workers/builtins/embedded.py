@@ -47,8 +47,8 @@ from bus.breakglass import BreakGlass
 from bus.errors import LimitError
 from bus.events import HookContext, session_of, tool_of
 from bus.settings import env_value
-from workers.audit import DEFAULT_AUDIT_DB
-from workers.redaction import Redaction
+from workers.builtins.audit import DEFAULT_AUDIT_DB
+from workers.builtins.redaction import Redaction
 
 __all__ = [
     "AUDIT_PREVIEW_CHARS",
@@ -279,11 +279,11 @@ class AuditLogHook(AgentHook):
 
     Args:
         db_path: the SQLite database file; when omitted (a hook service started with
-            ``hookbus worker workers.builtins:AuditLogHook``), ``$HOOKBUS_AUDIT_DB`` or
+            ``hookbus worker workers.builtins.embedded:AuditLogHook``), ``$HOOKBUS_AUDIT_DB`` or
             ``hookbus-audit.db``.
         redact: replace secrets in previews and details with ``[redacted]`` before they are
             stored: True for the common shapes, or a list of regular expressions
-            (workers/redaction.py). The hook sees tool output as the tool produced it.
+            (workers/builtins/redaction.py). The hook sees tool output as the tool produced it.
     """
 
     name = "AuditLogHook"

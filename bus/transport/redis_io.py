@@ -22,12 +22,12 @@ from redis.exceptions import (
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bus.directory import read_manifest
 from bus.errors import HookRetired, RedisAuthError
-from bus.keys import Keys
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
+from bus.transport.directory import read_manifest
+from bus.transport.keys import Keys
 
 log = logging.getLogger("hookbus.redis")
 _failures = RateLimitedLog(log)

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from bus.clock import MAX_SKEW_MS, RedisClock, describe
+from bus.transport.clock import MAX_SKEW_MS, RedisClock, describe
 
 log = logging.getLogger("hookbus.probes")
 READ_TIMEOUT_SECS = 2.0

@@ -1,9 +1,9 @@
 """What an operator asks of a running bus: hooks, consumer lag, live events, dead letters, metrics.
 
-The async functions take a redis-py asyncio client (bytes in and out, as ``bus.redis_io.connect``
-makes it) and the Keys, and return plain data; the ``render_*`` helpers turn that data into
-``rich`` renderables. ``hookbus hooks list``, ``lag``, ``events tail``, ``dlq …`` and ``metrics``
-(workers/cli/) are thin wrappers around the two.
+The async functions take a redis-py asyncio client (bytes in and out, as
+``bus.transport.redis_io.connect`` makes it) and the Keys, and return plain data; the ``render_*``
+helpers turn that data into ``rich`` renderables. ``hookbus hooks list``, ``lag``, ``events tail``,
+``dlq …`` and ``metrics`` (workers/cli/) are thin wrappers around the two.
 """
 
 from __future__ import annotations
@@ -28,12 +28,8 @@ from rich.text import Text
 
 from bus import limits
 from bus.breakglass import BreakGlass, switch
-from bus.clock import redis_ms
-from bus.coordinator import AUDIT_MAXLEN
-from bus.directory import read_manifests
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.hooks import MODES
-from bus.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name, check_tenant
 from bus.protocol import (
     DATA_FIELD,
     PROTOCOL_VERSION,
@@ -48,8 +44,12 @@ from bus.protocol import (
     now_ms,
     retired_hook,
 )
-from bus.redis_io import dead_letter_entry
-from bus.retention import hard_cap
+from bus.transport.clock import redis_ms
+from bus.transport.coordinator import AUDIT_MAXLEN
+from bus.transport.directory import read_manifests
+from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name, check_tenant
+from bus.transport.redis_io import dead_letter_entry
+from bus.transport.retention import hard_cap
 
 _DATA = DATA_FIELD.encode()
 _STREAM_ID = re.compile(r"^\d+(-\d+)?$")
@@ -148,7 +148,8 @@ async def list_hooks(
                 )
             )
             continue
-        # As coordinators decide it (bus/directory.py): an override that is no mode is ignored.
+        # As coordinators decide it (bus/transport/directory.py): an override that is no mode is
+        # ignored.
         override = mode_of.get(name)
         by_operator = override in MODES
         rows.append(
@@ -333,8 +334,8 @@ async def _stream_lag(
     redis: Redis, keys: Keys, stream: str, cap: int | None, now: int
 ) -> list[GroupLag]:
     """The groups of one stream. What the hard cap cut is "lost", never lag or pending: the
-    count a hook service recorded (bus/retention.py), plus what it has not seen yet — the gap
-    between a group's last delivered entry and the stream's first (Redis counts entries added
+    count a hook service recorded (bus/transport/retention.py), plus what it has not seen yet — the
+    gap between a group's last delivered entry and the stream's first (Redis counts entries added
     and read), and pending entries older than the first."""
     try:
         groups: Any = await redis.xinfo_groups(stream)

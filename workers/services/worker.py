@@ -32,15 +32,11 @@ from opentelemetry.trace import Status, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from bus import telemetry
 from bus.aggregation import ALLOWED_ACTIONS, check_answer
-from bus.clock import START_SAMPLES, ExpiredDrops, RedisClock
-from bus.directory import read_manifest, write_manifest
 from bus.dispatch import eager, late, log_raised, not_a_coroutine, overran
 from bus.errors import ConfigError, HookCrashed, HookRetired, LimitError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, spec_of
-from bus.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.protocol import (
     DATA_FIELD,
     ControlMessage,
@@ -56,7 +52,12 @@ from bus.protocol import (
     retired_hook,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import (
+from bus.settings import BusSettings
+from bus.telemetry import tracing as telemetry
+from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
+from bus.transport.directory import read_manifest, write_manifest
+from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
+from bus.transport.redis_io import (
     Entry,
     Settled,
     connect,
@@ -70,10 +71,9 @@ from bus.redis_io import (
     refuse_retired,
     retire_replica,
 )
-from bus.settings import BusSettings
-from workers.loading import load_hook as load_hook  # where callers have found it
-from workers.loopwatch import LoopWatch, hook_codes
-from workers.probes import Health
+from workers.services.loading import load_hook as load_hook  # where callers have found it
+from workers.services.loopwatch import LoopWatch, hook_codes
+from workers.services.probes import Health
 
 log = logging.getLogger("hookbus.worker")
 _failures = RateLimitedLog(log)
@@ -225,7 +225,8 @@ class HookWorker:
         self.redis = connect(settings)
         self.stats = {"handled": 0, "expired": 0, "malformed": 0, "errors": 0, "claimed": 0,
                       "unsent": 0, "overran": 0}  # fmt: skip
-        # Deadlines are on Redis's clock (bus/clock.py); drops past them are counted and logged.
+        # Deadlines are on Redis's clock (bus/transport/clock.py); drops past them are counted and
+        # logged.
         self.clock = RedisClock(f"hook {self.spec.name} replica {self.replica}")
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}

@@ -4,8 +4,8 @@ Refreshed every ``refresh_secs`` from ``{p}:hooks`` (the names), each hook's man
 set, and at once
 when a ``{p}:control`` announcement arrives. A hook whose manifest is malformed is left out,
 logged and counted — it never breaks the view of the others. Liveness is judged on Redis's
-clock (bus/clock.py); a hook whose live replicas all report a clock offset beyond the bound is
-listed in ``skewed``.
+clock (bus/transport/clock.py); a hook whose live replicas all report a clock offset beyond the
+bound is listed in ``skewed``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import cast
 import msgspec
 from redis.asyncio import Redis
 
-from bus.clock import RedisClock, describe, is_skewed
 from bus.dispatch import Endpoint
 from bus.errors import InvalidInputError
 from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
-from bus.keys import MAX_SHARDS, Keys, spread
 from bus.protocol import BreakGlass, HookManifest, decode, retired_hook
+from bus.transport.clock import RedisClock, describe, is_skewed
+from bus.transport.keys import MAX_SHARDS, Keys, spread
 
 log = logging.getLogger("hookbus.directory")
 

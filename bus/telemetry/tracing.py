@@ -14,8 +14,8 @@ the default, or ``grpc`` when opentelemetry-exporter-otlp-proto-grpc is installe
 ``http/json``) is refused with a ConfigError rather than quietly sent as OTLP/HTTP.
 
 Traces over OTLP/HTTP are HookBus's ``LightSpan``s (and the application's SDK spans), sent by
-the thread of ``bus.span_export.SpanExport``; over gRPC or to the console, SDK spans sent by the
-SDK's ``BatchSpanProcessor``.
+the thread of ``bus.telemetry.export.SpanExport``; over gRPC or to the console, SDK spans sent by
+the SDK's ``BatchSpanProcessor``.
 
 ``shutdown`` flushes what is left within ``FLUSH_SECS``; with the collector down it gives up
 then instead of retrying for the exporters' full timeout.
@@ -66,7 +66,7 @@ from bus.aggregation import Outcome, would_do
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
-from bus.span_export import SpanExport
+from bus.telemetry.export import SpanExport
 
 tracer = trace.get_tracer("hookbus")
 meter = metrics.get_meter("hookbus")
@@ -138,14 +138,14 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
             span_exporter: Any = ConsoleSpanExporter()
         elif trace_protocol == "grpc":
             # gRPC goes through the SDK's exporter and batch processor: HookBus's own export
-            # thread (bus/span_export.py) speaks OTLP/HTTP only.
+            # thread (bus/telemetry/export.py) speaks OTLP/HTTP only.
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
                 OTLPSpanExporter as GrpcSpanExporter,
             )
 
             span_exporter = GrpcSpanExporter()
         else:  # OTLP/HTTP: HookBus's spans and the application's through one export thread
-            from bus.span_export import Forward
+            from bus.telemetry.export import Forward
 
             span_exporter = None
             export = SpanExport(resource, env)

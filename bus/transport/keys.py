@@ -22,7 +22,8 @@ key                                          type    holds
 ``{p}:hook:{NAME}:replay``                   stream  entries re-fed to one async hook (same group)
 ``{p}:hook:{NAME}:failures``                 hash    entry id → last failure of an async hook (TTL)
 ``{p}:hook:{NAME}:lost``                     hash    stream → entries the hard cap cut before the
-                                                     hook's group handled them (bus/retention.py)
+                                                     hook's group handled them
+                                                     (bus/transport/retention.py)
 ``{p}:hook:{NAME}:metrics``                  hash    figures collected by an async MetricsHook
 ``{p}:inbox:{id}``                           list    replies for one coordinator or one client
 ``{p}:session:{sid}:hooks``                  set     names of hooks attached to one session (TTL)
@@ -237,7 +238,7 @@ class Keys:
         return f"{self._hook(hook)}:replicas"
 
     def clocks(self, hook: str) -> str:
-        """Each replica's measured clock offset from Redis's (bus/clock.py), in ms."""
+        """Each replica's measured clock offset from Redis's (bus/transport/clock.py), in ms."""
         return f"{self._hook(hook)}:clocks"
 
     def inbox(self, owner: str) -> str:

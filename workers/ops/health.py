@@ -1,9 +1,9 @@
 """What ``hookbus worker … --check`` adds to "the hook has a live replica": the clocks.
 
-A replica whose clock is off by more than the bound (``bus.clock.MAX_SKEW_MS``, docs/protocol.md
-1.5) still corrects its deadlines by the offset it measures, but its host is not keeping time;
-the check fails, with a line that says so, instead of calling it healthy. Two things are
-compared with Redis's clock (``TIME``): this host's own clock (the probe runs where the worker
+A replica whose clock is off by more than the bound (``bus.transport.clock.MAX_SKEW_MS``,
+docs/protocol.md 1.5) still corrects its deadlines by the offset it measures, but its host is not
+keeping time; the check fails, with a line that says so, instead of calling it healthy. Two things
+are compared with Redis's clock (``TIME``): this host's own clock (the probe runs where the worker
 runs: same host, same clock), and the offsets the live replicas publish with their heartbeats
 (``{p}:hook:{name}:clocks``; with ``--here``, those on this host only).
 """
@@ -15,9 +15,16 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from bus.clock import MAX_SKEW_MS, START_SAMPLES, describe, is_skewed, local_ms, offset_from
-from bus.keys import Keys
 from bus.settings import BusSettings
+from bus.transport.clock import (
+    MAX_SKEW_MS,
+    START_SAMPLES,
+    describe,
+    is_skewed,
+    local_ms,
+    offset_from,
+)
+from bus.transport.keys import Keys
 
 Status = tuple[bool, str]
 BOUND = f"the {MAX_SKEW_MS / 1000:g} s bound (docs/protocol.md 1.5)"

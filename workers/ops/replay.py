@@ -13,10 +13,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from bus.directory import read_manifest
 from bus.errors import ConfigError, InvalidInputError, ProtocolError
-from bus.keys import Keys, check_name
 from bus.protocol import DATA_FIELD, HookManifest, decode
+from bus.transport.directory import read_manifest
+from bus.transport.keys import Keys, check_name
 
 _DATA = DATA_FIELD.encode()
 CHUNK = 500
@@ -109,7 +109,7 @@ async def replay_dead_letters(
     redis: Redis, keys: Keys, hook: str, progress: Callable[[int], None] | None = None
 ) -> int:
     """Re-feed the hook's dead letters (those with ``hook`` = its name); returns how many.
-    Records of lost entries (bus/retention.py) have no message and stay."""
+    Records of lost entries (bus/transport/retention.py) have no message and stay."""
     total = 0
     cursor = "-"
     while True:

@@ -20,7 +20,7 @@ A structured ``tool_response`` (Read's and Bash's are objects) reaches hooks as 
 an ``updatedToolOutput`` of another shape and shows the original. Claude Code's own input
 travels with every context (``agent_input``).
 
-Towards Claude Code's own hook scripts (``workers.command_hook:CommandHook``):
+Towards Claude Code's own hook scripts (``workers.integrations.command_hook:CommandHook``):
 
 * ``hook_input(event, ctx, …)``: a HookBus context → the input a Claude Code hook script reads
   (Claude Code's own, unchanged, when the context came from Claude Code: ``original_input``);
@@ -74,8 +74,8 @@ from bus.events import (
     SubagentStopContext,
 )
 from bus.protocol import decode_head
-from workers.cancellation import RedisCancellationHook
-from workers.claude_code_bridge import event_name
+from workers.builtins.cancellation import RedisCancellationHook
+from workers.integrations.claude_code_bridge import event_name
 
 log = logging.getLogger("hookbus.claude_code")
 

@@ -1,7 +1,7 @@
 """An existing Claude Code command-hook script, run unchanged as a HookBus hook service.
 
-``hookbus worker workers.command_hook:CommandHook``, configured by the environment (read once,
-when the service starts):
+``hookbus worker workers.integrations.command_hook:CommandHook``, configured by the environment
+(read once, when the service starts):
 
 ``HOOKBUS_COMMAND`` (required)
     the command, run with ``/bin/sh -c`` as Claude Code runs it, once per call.
@@ -28,10 +28,10 @@ may hold a password).
 The command reads Claude Code's hook input on stdin: for a call that came from Claude Code (the
 gateway's ``/claude-code``, the bridge), the input Claude Code sent, unchanged (the context's
 ``agent_input``, with ``tool_input`` and a structured ``tool_response`` put back); for other
-agents, one made from the context (``workers.claude_code.hook_input``). Exit
+agents, one made from the context (``workers.integrations.claude_code.hook_input``). Exit
 status 2 blocks with stderr as the reason, and on exit 0 its JSON stdout is read as Claude Code
-reads it (``workers.claude_code.from_command``). Any other exit status, invalid JSON, more than
-1 MiB of output or a timeout is a failure of the hook, decided by its failure policy.
+reads it (``workers.integrations.claude_code.from_command``). Any other exit status, invalid JSON,
+more than 1 MiB of output or a timeout is a failure of the hook, decided by its failure policy.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from bus.events import HookContext, HookEvent
 from bus.hooks import FailurePolicy
 from bus.matcher import MATCH_ALL, ToolMatchFilter
 from bus.protocol import MAX_MESSAGE_BYTES, new_id
-from workers.claude_code import EVENTS, CommandFailed, from_command, hook_input
+from workers.integrations.claude_code import EVENTS, CommandFailed, from_command, hook_input
 
 log = logging.getLogger("hookbus.command_hook")
 

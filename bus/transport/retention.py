@@ -39,10 +39,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from bus import telemetry
 from bus.errors import HookBusError
-from bus.keys import Keys, check_name
-from bus.redis_io import TRIMMED, Entry, dead_letter_entry, pipelined
+from bus.telemetry import tracing as telemetry
+from bus.transport.keys import Keys, check_name
+from bus.transport.redis_io import TRIMMED, Entry, dead_letter_entry, pipelined
 
 log = logging.getLogger("hookbus.retention")
 HARD_CAP_FACTOR = 10

@@ -1,11 +1,11 @@
 """The audit log as an async hook service: one row per event, written exactly once.
 
-``hookbus worker workers.audit:AsyncAuditLogHook`` with ``HOOKBUS_AUDIT_DB`` set to a SQLite
-file (default ``hookbus-audit.db``) or a ``postgresql://`` URL. Rows go to table
+``hookbus worker workers.builtins.audit:AsyncAuditLogHook`` with ``HOOKBUS_AUDIT_DB`` set to a
+SQLite file (default ``hookbus-audit.db``) or a ``postgresql://`` URL. Rows go to table
 ``agent_audit_events`` keyed by the event id, so a redelivered event (at-least-once delivery)
 never adds a second row. Batches are written in one transaction and acknowledged after it.
-With ``redact`` (``--set redact=true``, or a list of patterns: workers/redaction.py), secrets
-in the previews and details are replaced with ``[redacted]`` before they are stored.
+With ``redact`` (``--set redact=true``, or a list of patterns: workers/builtins/redaction.py),
+secrets in the previews and details are replaced with ``[redacted]`` before they are stored.
 
 What PostgreSQL's ``text`` cannot hold is stored escaped, the same in both backends: a NUL
 (any binary tool output holds one) as the six characters ``\\u0000``, a lone surrogate (a
@@ -27,7 +27,7 @@ from bus import AsyncAgentHook
 from bus.hooks import DeliveredEvent
 from bus.protocol import AuditRecord
 from bus.settings import env_value
-from workers.redaction import Redaction
+from workers.builtins.redaction import Redaction
 
 NO_REDACTION = Redaction(False)
 

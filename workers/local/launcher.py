@@ -11,8 +11,8 @@ launcher, which then stops them all — SIGTERM, then SIGKILL for what still run
 ``stop_timeout`` — then the private Redis, and exits 0.
 
 ``Stack`` is the process management without the terminal: the tests start it with one Redis URL
-per role and per hook service (deploy/redis/users.acl, workers/acl.py) to run the stack under its
-ACL users.
+per role and per hook service (deploy/redis/users.acl, workers/ops/acl.py) to run the stack under
+its ACL users.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ from redis.exceptions import RedisError
 
 from bus.errors import ConfigError
 from bus.hooks import spec_of
-from bus.keys import COORDINATORS_GROUP, Keys
 from bus.protocol import now_ms
-from bus.redis_io import connect
 from bus.settings import BusSettings
-from workers.loading import load_hook
-from workers.redis_server import RedisServer
+from bus.transport.keys import COORDINATORS_GROUP, Keys
+from bus.transport.redis_io import connect
+from workers.local.redis_server import RedisServer
+from workers.services.loading import load_hook
 
 #: The Redis user each kind of process runs as (deploy/redis/users.acl); "operator" is the one
 #: this launcher uses to tell when the others are ready. A hook service runs as its own user,
-#: ``hook-NAME`` (workers/acl.py), if ``urls`` has one, else as "worker" (``hookbus up``: one
+#: ``hook-NAME`` (workers/ops/acl.py), if ``urls`` has one, else as "worker" (``hookbus up``: one
 #: URL for every process).
 ROLES = ("coordinator", "worker", "agent", "operator")
 
@@ -70,14 +70,27 @@ class Service:
 #: holds the two to the same commands).
 STACK = (
     Service("coordinator", "coordinator", ("coordinator",)),
-    Service("cancellation", "worker", ("worker", "workers.cancellation:RedisCancellationHook")),
+    Service(
+        "cancellation", "worker", ("worker", "workers.builtins.cancellation:RedisCancellationHook")
+    ),
     Service(
         "audit-log",
         "worker",
-        ("worker", "workers.audit:AsyncAuditLogHook", "--from", "0", "--set", "redact=true"),
+        (
+            "worker",
+            "workers.builtins.audit:AsyncAuditLogHook",
+            "--from",
+            "0",
+            "--set",
+            "redact=true",
+        ),
     ),
-    Service("metrics", "worker", ("worker", "workers.metrics:AsyncMetricsHook", "--from", "0")),
-    Service("secret-guard", "worker", ("worker", "workers.demo_hooks:SecretGuard"), replicas=2),
+    Service(
+        "metrics", "worker", ("worker", "workers.builtins.metrics:AsyncMetricsHook", "--from", "0")
+    ),
+    Service(
+        "secret-guard", "worker", ("worker", "workers.builtins.demo_hooks:SecretGuard"), replicas=2
+    ),
 )
 DEMO = Service("demo-agent", "agent", ("demo", "--attach"))
 

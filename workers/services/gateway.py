@@ -12,8 +12,8 @@ One POST, one request, one decision:
 ``POST /claude-code``
     Claude Code's hook input, for its ``http`` hook type (or through the command bridge,
     ``hookbus-claude-code``), answered in Claude Code's hook output format
-    (``workers/claude_code.py``, docs/integrations.md). Claude Code runs the tool on any
-    answer but a 2xx, so a tool call's input or output no hook can inspect (too deep, too
+    (``workers/integrations/claude_code.py``, docs/integrations.md). Claude Code runs the tool on
+    any answer but a 2xx, so a tool call's input or output no hook can inspect (too deep, too
     large, unreadable) is refused with 200, never answered 400 or 413.
 ``POST /v1/sessions/{id}/cancel``
     Cancel one of the token's tenant's own sessions (``<tenant>/id``, as ``hookbus cancel``
@@ -64,7 +64,6 @@ import msgspec
 from bus.actions import PostToolUseResult
 from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookEvent
-from bus.keys import check_tenant
 from bus.protocol import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -77,12 +76,13 @@ from bus.protocol import (
 )
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
+from bus.transport.keys import check_tenant
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
 
-    from bus.coordinator import Coordinator
+    from bus.transport.coordinator import Coordinator
 
 log = logging.getLogger("hookbus.gateway")
 _failures = RateLimitedLog(log)
@@ -91,8 +91,8 @@ DEFAULT_PORT = 8787
 #: How long a ``/claude-code`` call may take, unless ``--timeout-ms`` says otherwise (the
 #: ``DecisionRequest`` default).
 DEFAULT_TIMEOUT_MS = 30_000
-#: Tenant names as ``hookbus tenants`` takes them (bus/keys.py): a token's tenant must be one
-#: the bus can serve.
+#: Tenant names as ``hookbus tenants`` takes them (bus/transport/keys.py): a token's tenant must be
+#: one the bus can serve.
 TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 JSON = "application/json"
@@ -376,7 +376,12 @@ class Gateway:
 
     async def decisions(self, tenant: str, body: bytes) -> Answer:
         """``POST /v1/decisions``: one ``DecisionRequest``, one ``DecisionReply``."""
-        from workers.coordinator_service import decide, qualify, read_request, refused_reply
+        from workers.services.coordinator_service import (
+            decide,
+            qualify,
+            read_request,
+            refused_reply,
+        )
 
         self.stats["decisions"] += 1
         try:
@@ -409,8 +414,8 @@ class Gateway:
     async def claude_code(self, tenant: str, body: bytes, *, whole: bool = True) -> Answer:
         """``POST /claude-code``: Claude Code's hook input, answered in its output format.
         ``whole`` False: ``body`` is the first part of a body over ``max_body``."""
-        from workers.claude_code import fail_closed, to_claude_code, to_hookbus
-        from workers.coordinator_service import decide, qualify
+        from workers.integrations.claude_code import fail_closed, to_claude_code, to_hookbus
+        from workers.services.coordinator_service import decide, qualify
 
         self.stats["claude_code"] += 1
         if not whole:
@@ -457,8 +462,8 @@ class Gateway:
         unguarded, so the events that gate a tool or carry its output are refused with 200:
         denied, output withheld, naming why. The event is found without a parser (the caller
         is not known: no walk of its body)."""
-        from workers.claude_code import refused
-        from workers.claude_code_bridge import event_name
+        from workers.integrations.claude_code import refused
+        from workers.integrations.claude_code_bridge import event_name
 
         name = event_name(body)
         answer = refused(name, f"the gateway does not accept this token ({why})")
@@ -475,7 +480,7 @@ class Gateway:
         Claude Code's. Claude Code runs the tool on any answer but a 2xx, so the events that
         gate a tool or carry its output get the refusal with 200 (denied, output withheld), as
         every agent does (protocol.md 5.6); any other input gets ``status`` (400, 413)."""
-        from workers.claude_code import event_named, refused
+        from workers.integrations.claude_code import event_named, refused
 
         name = await asyncio.to_thread(event_named, body)  # may walk a deep body: off the loop
         if answer := refused(name, str(exc)):
@@ -491,7 +496,7 @@ class Gateway:
         it is blocked until the cancellation's TTL ends. Only adds: nothing here lifts one."""
         from redis.exceptions import RedisError
 
-        from bus.redis_io import cancel_session
+        from bus.transport.redis_io import cancel_session
 
         if not session_id or len(session_id) > MAX_SESSION_ID:
             self.stats["bad_requests"] += 1
@@ -688,10 +693,10 @@ def _serve_tenant(args: argparse.Namespace, tenant: str) -> None:
     allowed: said on stderr; the token is written, and gets 401 until an operator adds it."""
     from redis.exceptions import RedisError
 
-    from bus.keys import Keys
-    from bus.redis_io import connect
+    from bus.transport.keys import Keys
+    from bus.transport.redis_io import connect
     from workers.cli.common import announce_redis, redis_url, settings_of
-    from workers.operator import add_tenant
+    from workers.ops.operator import add_tenant
 
     settings = settings_of(args)
     announce_redis(args, settings)
@@ -787,8 +792,8 @@ def _serve(settings: BusSettings, tokens: Tokens, args: argparse.Namespace) -> i
         raise ConfigError(
             f"the gateway needs the `gateway` extra: pip install 'hookbus[gateway]' ({exc})"
         ) from exc
-    from bus import telemetry
-    from bus.coordinator import Coordinator
+    from bus.telemetry import tracing as telemetry
+    from bus.transport.coordinator import Coordinator
 
     telemetry.configure("gateway")
     gateway = Gateway(

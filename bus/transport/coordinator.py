@@ -28,7 +28,7 @@ from typing import Any, cast
 import msgspec
 from redis.exceptions import RedisError
 
-from bus import breakglass, telemetry, unread
+from bus import breakglass, unread
 from bus.actions import (
     PermissionRequestResult,
     PostToolUseResult,
@@ -36,8 +36,6 @@ from bus.actions import (
     ShadowedAnswer,
 )
 from bus.aggregation import Outcome, refusal
-from bus.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
-from bus.directory import HookDirectory, RemoteTarget
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
 from bus.events import (
@@ -51,7 +49,6 @@ from bus.events import (
     tool_of,
 )
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
-from bus.keys import Keys, session_digest
 from bus.protocol import (
     AuditRecord,
     ControlMessage,
@@ -64,13 +61,17 @@ from bus.protocol import (
     now_ms,
 )
 from bus.ratelog import RateLimitedLog
-from bus.redis_io import close as close_client
-from bus.redis_io import connect, dead_letter, held_connection, pipelined, xadd_batch
 from bus.registry import local_target
-from bus.retention import hard_cap
 from bus.runner import EventRunner, check_context, inspected
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
+from bus.telemetry import tracing as telemetry
+from bus.transport.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
+from bus.transport.directory import HookDirectory, RemoteTarget
+from bus.transport.keys import Keys, session_digest
+from bus.transport.redis_io import close as close_client
+from bus.transport.redis_io import connect, dead_letter, held_connection, pipelined, xadd_batch
+from bus.transport.retention import hard_cap
 
 log = logging.getLogger("hookbus.coordinator")
 _failures = RateLimitedLog(log)
@@ -388,7 +389,7 @@ class Coordinator(EventRunner):
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        # A backstop cap only: retention (bus/retention.py) trims history without losing
+        # A backstop cap only: retention (bus/transport/retention.py) trims history without losing
         # what a group has not handled yet.
         _dispatch.set((message.id, ctx, encoded))
         try:

@@ -6,9 +6,10 @@ deploy/redis/start.sh adds them, from ``HOOKBUS_<USER>_PASSWORD`` or secret file
 * the shared roles — ``coordinator`` (the coordinator service), ``agent`` (trusted agents that
   embed ``HookClient``), ``operator`` (people and monitors);
 * one user ``hook-NAME`` per hook service, whose keys are only the hook's own
-  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 2 of bus/keys.py),
-  plus what every hook needs to answer (RPUSH into ``{p}:inbox:*``), register (SADD its name to
-  ``{p}:hooks``), dead-letter (XADD ``{p}:dlq``) and announce itself on ``{p}:control``;
+  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 2 of
+  bus/transport/keys.py), plus what every hook needs to answer (RPUSH into ``{p}:inbox:*``),
+  register (SADD its name to ``{p}:hooks``), dead-letter (XADD ``{p}:dlq``) and announce itself on
+  ``{p}:control``;
 * one user ``tenant-NAME`` per untrusted tenant: XADD to ``{p}:t:{NAME}:decisions`` and
   BLPOP/BLMPOP its replies from ``{p}:t:{NAME}:inbox:*``, PING — nothing else (no pub/sub, no
   session or cancellation key, no stream id but into its own stream).
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 
 from bus.errors import ConfigError
 from bus.hooks import AgentHook, AsyncAgentHook
-from bus.keys import check_name, check_tenant
-from workers.loading import import_target
+from bus.transport.keys import check_name, check_tenant
+from workers.services.loading import import_target
 
 #: The prefix the rules below are written for.
 P = "hookbus"
@@ -45,8 +46,10 @@ P = "hookbus"
 ROLES: tuple[tuple[str, str, str], ...] = (
     (
         "coordinator",
-        "`hookbus coordinator` (workers/coordinator_service.py, bus/coordinator.py, "
-        "bus/directory.py): reads the hook directory (manifests, live replicas and their clock "
+        "`hookbus coordinator` (workers/services/coordinator_service.py, "
+        "bus/transport/coordinator.py, "
+        "bus/transport/directory.py): reads the hook directory (manifests, live replicas and their "
+        "clock "
         "offsets), the tenants it serves and session hooks, follows hookbus:control; reads "
         "Redis's clock (TIME); XADDs events and hook requests (and audit records of answers not "
         "applied), pops replies from its own inbox, reads the break-glass switch; answers the "
@@ -84,7 +87,8 @@ ROLES: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "operator",
-        "A person or a monitor (workers/operator.py, workers/replay.py: `hookbus hooks list`, "
+        "A person or a monitor (workers/ops/operator.py, workers/ops/replay.py: `hookbus hooks "
+        "list`, "
         "`lag`, `events tail`, `dlq …`, `metrics`, `replay`, `cancel`, `tenants`, `repair`, "
         "every --check; KEDA's redis-streams scaler): reads everything under the prefix; "
         "writes only re-fed entries, dead letters (deletions, and the entries a repair takes "
@@ -114,24 +118,25 @@ ROLES: tuple[tuple[str, str, str], ...] = (
 CAPABILITIES: dict[str, tuple[str, str]] = {
     "read-cancellations": (
         "reads whether a session is cancelled, and starts the cancellation's TTL "
-        "(workers/cancellation.py)",
+        "(workers/builtins/cancellation.py)",
         "(~hookbus:cancelled:* +exists +expire)",
     ),
 }
 
 _HOOK_ROOT = "on resetchannels &hookbus:control -@all +ping +client|setinfo +time +publish"
-#: Every command a hook service runs on its own keys (workers/worker.py, workers/async_worker.py,
-#: bus/retention.py, bus/directory.py, workers/metrics.py): manifest, heartbeats, clock offsets,
-#: its request streams (sync) or replay stream (async), failures, losses, metrics.
+#: Every command a hook service runs on its own keys (workers/services/worker.py,
+#: workers/services/async_worker.py, bus/transport/retention.py, bus/transport/directory.py,
+#: workers/builtins/metrics.py): manifest, heartbeats, clock offsets, its request streams (sync) or
+#: replay stream (async), failures, losses, metrics.
 _OWN = (
     "+get +set +zadd +zrem +zrange +hset +hdel +hgetall +hmget +hincrby +hincrbyfloat +expire "
     "+xgroup|create +xgroup|setid +xgroup|delconsumer +xreadgroup +xread +xack +xclaim "
     "+xautoclaim +xpending +xlen +xinfo|groups +xinfo|stream +xtrim +evalsha"
 )
 #: What an async hook runs on the events partitions (and the audit trail if it follows it):
-#: reads as its group, through bus/retention.py's scripts (EVALSHA; inside them XINFO, XGROUP
-#: CREATE/SETID, XREADGROUP — checked against this user's ACL), waits with XREAD BLOCK, claims,
-#: acknowledges, trims what every group has read.
+#: reads as its group, through bus/transport/retention.py's scripts (EVALSHA; inside them XINFO,
+#: XGROUP CREATE/SETID, XREADGROUP — checked against this user's ACL), waits with XREAD BLOCK,
+#: claims, acknowledges, trims what every group has read.
 _FOLLOW = (
     "+evalsha +xgroup|create +xgroup|setid +xreadgroup +xread +xack +xclaim +xautoclaim "
     "+xpending +xlen +xinfo|groups +xinfo|stream +xtrim"
@@ -268,7 +273,8 @@ def render(
 ) -> str:
     """The ACL file (comment lines, which deploy/redis/start.sh drops, and one line per user)."""
     head = [
-        "# Redis ACL users of a HookBus deployment (key layout 2, bus/keys.py), generated by",
+        "# Redis ACL users of a HookBus deployment (key layout 2, bus/transport/keys.py), "
+        "generated by",
         f"#   {command or 'hookbus acl'}",
         "# Do not edit: change the hooks or tenants and generate it again. No passwords here:",
         "# deploy/redis/start.sh appends each user's (HOOKBUS_<USER>_PASSWORD, '-' and '.' as",

@@ -2,8 +2,8 @@
 
 ``hookbus cancel SESSION_ID`` (or an agent: ``HookClient.cancel``, or a tenant's cancel request
 to the coordinator service) adds to ``{p}:cancelled:{sid}``; this hook, served by
-``hookbus worker workers.cancellation:RedisCancellationHook``, blocks that session's next tool
-call wherever its agent runs. Nothing an agent sends lifts a cancellation, OnSessionStop
+``hookbus worker workers.builtins.cancellation:RedisCancellationHook``, blocks that session's next
+tool call wherever its agent runs. Nothing an agent sends lifts a cancellation, OnSessionStop
 included: it ends with its TTL (set here if the canceller could not set one), or when an
 operator deletes it.
 """
@@ -20,9 +20,9 @@ from bus import (
     PreToolUseAction,
     PreToolUseContext,
 )
-from bus.keys import Keys
-from bus.redis_io import connect
 from bus.settings import BusSettings
+from bus.transport.keys import Keys
+from bus.transport.redis_io import connect
 
 
 class RedisCancellationHook(AgentHook):
@@ -31,7 +31,7 @@ class RedisCancellationHook(AgentHook):
     name = "CancellationHook"
     subscribed_events = (HookEvent.PRE_TOOL_USE,)
     failure_policy = "fail"  # if we cannot tell whether it was cancelled, do not run the tool
-    #: Its Redis user may read the cancellation keys and start their TTL (workers/acl.py).
+    #: Its Redis user may read the cancellation keys and start their TTL (workers/ops/acl.py).
     acl_capabilities = ("read-cancellations",)
 
     def __init__(self, settings: BusSettings | None = None) -> None:
