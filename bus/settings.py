@@ -308,3 +308,15 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
             health_port=_port(env, "HOOKBUS_HEALTH_PORT"),
             fail_open_until_directory=_switch(env, "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY"),
         )
+
+
+def redacted(url: str) -> str:
+    """The URL without its password."""
+    parts = urllib.parse.urlsplit(url)
+    if "password=" in parts.query:  # unix:///path?password=… (bus.settings.with_password)
+        url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))

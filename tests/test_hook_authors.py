@@ -425,8 +425,7 @@ async def test_served_fails_with_the_workers_log_when_one_does_not_start(
 def test_a_password_put_into_the_url_is_never_shown() -> None:
     """HOOKBUS_REDIS_PASSWORD goes into the URL (bus.settings.with_password), a unix socket's in
     its query: every line that shows the URL hides it."""
-    from bus.settings import BusSettings
-    from workers.cli.common import redacted
+    from bus.settings import BusSettings, redacted
 
     for url in ("redis://worker@redis:6379/0", "unix:///run/redis.sock?db=0"):
         settings = BusSettings.from_env(

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -42,10 +42,30 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanContext, SpanKind, TraceState
 from opentelemetry.util.re import parse_env_headers
 
-if TYPE_CHECKING:
-    from bus.telemetry.tracing import LightSpan
+
+class LightSpan(Protocol):
+    """What :func:`encode_span` reads of one of HookBus's own spans (``tracing.LightSpan``,
+    which imports this module: a protocol here keeps the import one way)."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    flags: int
+    state: TraceState | None
+    parent_id: int
+    parent_remote: bool
+    kind: SpanKind
+    attributes: dict[str, Any]
+    links: Sequence[SpanContext]
+    start_ns: int
+    end_ns: int
+    events: list[tuple[str, int, Mapping[str, Any]]] | None
+    status_code: int
+    status_message: str
+
 
 log = logging.getLogger("hookbus.telemetry")
 

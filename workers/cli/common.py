@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from bus.errors import HookBusError
-from bus.settings import BusSettings
+from bus.settings import BusSettings, redacted
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -131,18 +131,6 @@ def duration(value: str) -> float:
 
 class UsageError(HookBusError):
     """A bad option value (reported as one line, like every HookBusError)."""
-
-
-def redacted(url: str) -> str:
-    """The URL without its password."""
-    parts = urllib.parse.urlsplit(url)
-    if "password=" in parts.query:  # unix:///path?password=… (bus.settings.with_password)
-        url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
 
 
 def describe_redis(url: str) -> str:

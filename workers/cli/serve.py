@@ -158,7 +158,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     coordinator.set_defaults(func=_coordinator)
 
     # its options and run(); Starlette on demand
-    from workers.services import gateway as gateway_command
+    from workers.cli import gateway as gateway_command
 
     gateway = add_redis_options(
         sub.add_parser("gateway", help="decisions over HTTP (bearer token per tenant)")

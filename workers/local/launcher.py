@@ -211,7 +211,7 @@ class Stack:
     async def pending(self, redis: Any, keys: Keys, settings: BusSettings) -> list[str]:
         """The children not ready yet: a hook replica without a fresh heartbeat under its own
         pid; a coordinator while no coordinator replica beats (``coordinator --check``)."""
-        from workers.cli.check import coordinator_status
+        from workers.ops.health import coordinator_status
 
         live_ms = settings.liveness_secs * 1000
         now = now_ms()
@@ -359,7 +359,7 @@ def up(
     out: TextIO = sys.stdout,
 ) -> int:
     """``hookbus up``: start the stack, say what runs, run until Ctrl-C or SIGTERM."""
-    from workers.cli.common import redacted as _redacted
+    from bus.settings import redacted as _redacted
 
     def say(*lines: str, error: bool = False) -> None:
         stream = sys.stderr if error else out

@@ -1,4 +1,5 @@
-"""What ``hookbus worker … --check`` adds to "the hook has a live replica": the clocks.
+"""Whether a hook or a coordinator is up, as ``hookbus check``, ``worker … --check`` and
+``hookbus up`` ask: a live replica (on this host, with ``--here``), and its clocks.
 
 A replica whose clock is off by more than the bound (``bus.transport.clock.MAX_SKEW_MS``,
 docs/protocol.md 1.5) still corrects its deadlines by the offset it measures, but its host is not
@@ -10,8 +11,9 @@ runs: same host, same clock), and the offsets the live replicas publish with the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
@@ -25,9 +27,17 @@ from bus.transport.clock import (
     offset_from,
 )
 from bus.transport.keys import Keys
+from workers.ops.operator import _text, replica_summary
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 Status = tuple[bool, str]
 BOUND = f"the {MAX_SKEW_MS / 1000:g} s bound (docs/protocol.md 1.5)"
+
+
+def _plural(n: int) -> str:
+    return "" if n == 1 else "s"
 
 
 async def clock_checked(
@@ -78,7 +88,6 @@ async def skewed_replicas(
     """Live replicas of ``hook`` (on ``host`` only, if given) whose published clock offset is
     beyond the bound, with that offset. ``offset_ms`` is this host's own, to judge liveness on
     Redis's clock."""
-    from workers.cli.check import on_host  # imported lazily: workers.cli imports this module
 
     live_since = local_ms() - offset_ms - int(settings.liveness_secs * 1000)
     live: Any = await redis.zrange(keys.replicas(hook), live_since, "+inf", byscore=True)
@@ -95,3 +104,69 @@ async def skewed_replicas(
         if is_skewed(offset):
             skewed.append((name, offset))
     return skewed
+
+
+def on_host(member: str, host: str) -> bool:
+    """Whether a replica or coordinator id (``HOST-PID-RANDOM``, workers/services/worker.py and
+    bus/transport/coordinator.py) names a process on ``host``."""
+    if not member.startswith(host + "-"):
+        return False
+    return re.fullmatch(r"\d+-[0-9a-f]+", member[len(host) + 1 :]) is not None
+
+
+async def hook_status(
+    redis: Redis, keys: Keys, settings: BusSettings, hook: str, host: str | None = None
+) -> tuple[bool, str]:
+    """Whether ``hook`` has a live replica (on ``host`` only, if given), and a line saying so."""
+    from bus.protocol import now_ms
+    from bus.transport.clock import redis_ms
+
+    # Only this hook's own keys: a hook service's Redis user reaches no other hook's
+    # (workers/ops/acl.py), and needs none to tell whether it is up.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.sismember(keys.hooks, hook)
+        pipe.get(keys.manifest(hook))
+        registered, manifest = await pipe.execute()
+    if not registered or not manifest:
+        return False, f"hook {hook} is not registered in {keys.hooks}"
+    live_ms = settings.liveness_secs * 1000
+    if host is None:
+        now = await redis_ms(redis)
+        live, total, last, _ = await replica_summary(redis, keys, hook, settings.liveness_secs, now)
+    else:
+        beats: Any = await redis.zrange(keys.replicas(hook), 0, -1, withscores=True)
+        now = now_ms()
+        ages = [now - float(s) for m, s in beats if on_host(_text(m), host)]
+        live, total = sum(1 for a in ages if a <= live_ms), len(ages)
+        last = max(0.0, min(ages) / 1000) if ages else None
+    where = f" on {host}" if host is not None else ""
+    if live:
+        return True, f"hook {hook}: {live} live replica{_plural(live)}{where} (of {total})"
+    if last is None:
+        return False, f"hook {hook} has no replica{where} in {keys.replicas(hook)}"
+    return False, (
+        f"hook {hook} has no live replica{where}: last heartbeat {last:.1f}s ago "
+        f"(live means within {settings.liveness_secs:g}s)"
+    )
+
+
+async def coordinator_status(
+    redis: Redis, keys: Keys, settings: BusSettings, host: str | None = None
+) -> tuple[bool, str]:
+    """Whether a coordinator service replica (on ``host`` only, if given) is live: its heartbeat
+    in ``{p}:coordinators`` is within ``liveness_secs``; and a line saying so."""
+    from bus.protocol import now_ms
+
+    beats: Any = await redis.zrange(keys.coordinators, 0, -1, withscores=True)
+    now, live_ms = now_ms(), settings.liveness_secs * 1000
+    ages = [now - float(s) for m, s in beats if host is None or on_host(_text(m), host)]
+    live = sum(1 for a in ages if a <= live_ms)
+    where = f" on {host}" if host is not None else ""
+    if live:
+        return True, f"coordinator: {live} live replica{_plural(live)}{where} (of {len(ages)})"
+    if not ages:
+        return False, f"no coordinator{where} has a heartbeat in {keys.coordinators}"
+    return False, (
+        f"no live coordinator{where}: last heartbeat {max(0.0, min(ages)) / 1000:.1f}s ago "
+        f"(live means within {settings.liveness_secs:g}s)"
+    )
