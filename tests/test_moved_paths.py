@@ -47,3 +47,10 @@ def test_names_of_a_module_that_became_a_package_still_import() -> None:
     from workers.builtins.embedded import with_builtins as with_builtins_there
 
     assert (configure, span, with_builtins) == (configure_there, span_there, with_builtins_there)
+
+
+def test_a_module_that_was_split_names_where_its_parts_went() -> None:
+    import importlib
+
+    with pytest.raises(ModuleNotFoundError, match=r"workers\.operator was split into workers\.ops"):
+        importlib.import_module("workers.operator")

@@ -24,7 +24,9 @@ from bus.settings import BusSettings
 from bus.transport.keys import WORKERS_GROUP, Keys
 from bus.transport.redis_io import connect
 from tests.harness import ROOT, put_manifest, wait_for, worker_env
-from workers.ops.operator import MANY, consumer_lag, list_hooks
+from workers.ops.common import MANY
+from workers.ops.hooks import list_hooks
+from workers.ops.lag import consumer_lag
 
 PRE = HookEvent.PRE_TOOL_USE
 TIMEOUT = 60
@@ -579,7 +581,7 @@ def test_repair_refuses_what_is_not_a_bus_stream(bus_settings: BusSettings) -> N
 async def test_repair_on_a_redis_cluster(cluster_settings: BusSettings) -> None:
     """The repair's transaction is on one key (one slot); its dead letters and audit record
     go to other slots after it."""
-    from workers.ops.operator import repair_stream
+    from workers.ops.repair import repair_stream
 
     keys = Keys.of(cluster_settings)
     client = connect(cluster_settings)

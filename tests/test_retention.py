@@ -29,7 +29,7 @@ from tests.otlp_receiver import OTLPReceiver
 from tests.remote_hooks import AsyncConfig
 from tests.test_async_workers import event, recorded, wait_group
 from tests.test_operator_cli import hookbus, ok, table_rows
-from workers.ops.operator import consumer_lag
+from workers.ops.lag import consumer_lag
 
 
 def ev(keys: Keys) -> str:

@@ -37,13 +37,19 @@ MOVED = {
     "workers.claude_code": "workers.integrations.claude_code",
     "workers.claude_code_bridge": "workers.integrations.claude_code_bridge",
     "workers.command_hook": "workers.integrations.command_hook",
-    "workers.operator": "workers.ops.operator",
     "workers.acl": "workers.ops.acl",
     "workers.replay": "workers.ops.replay",
     "workers.health": "workers.ops.health",
     "workers.launcher": "workers.local.launcher",
     "workers.redis_server": "workers.local.redis_server",
     "workers.redis_cluster": "workers.local.redis_cluster",
+}
+
+
+#: Old modules split into several: importing one fails with a line naming where things went.
+SPLIT = {
+    "workers.operator": "workers.ops (hooks, lag, events, dead_letters, tenants, repair, "
+    "breakglass, records; their rendering in workers.ops.render)",
 }
 
 
@@ -72,6 +78,8 @@ class _MovedFinder:
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> ModuleSpec | None:
+        if fullname in SPLIT:
+            raise ModuleNotFoundError(f"{fullname} was split into {SPLIT[fullname]}")
         new = MOVED.get(fullname)
         if new is None:
             return None

@@ -117,7 +117,7 @@ def _serve_tenant(args: argparse.Namespace, tenant: str) -> None:
     from bus.transport.keys import Keys
     from bus.transport.redis_io import connect
     from workers.cli.common import announce_redis, redis_url, settings_of
-    from workers.ops.operator import add_tenant
+    from workers.ops.tenants import add_tenant
 
     settings = settings_of(args)
     announce_redis(args, settings)

@@ -1,7 +1,7 @@
 """The commands that look at and steer a running bus: ``hooks``, ``lag``, ``events tail``,
 ``dlq``, ``metrics``, ``replay``, ``cancel``, ``breakglass``, ``audit``, ``tenants`` and
-``repair``. The Redis side of each
-is in workers/ops/operator.py (and workers/ops/replay.py); these are thin wrappers that print."""
+``repair``. The Redis side of each is in workers/ops/ (one module per concern, the rendering
+in workers/ops/render.py); these are thin wrappers that print."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _hooks_list(args: argparse.Namespace) -> int:
-    from workers.ops.operator import list_hooks, make_console, render_hooks
+    from workers.ops.hooks import list_hooks
+    from workers.ops.render import make_console, render_hooks
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await list_hooks(redis, keys, settings.liveness_secs)
@@ -100,7 +101,7 @@ def _hooks_mode(args: argparse.Namespace) -> int:
 
 
 def _hooks_remove(args: argparse.Namespace) -> int:
-    from workers.ops.operator import remove_hook
+    from workers.ops.hooks import remove_hook
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
         done = await remove_hook(redis, keys, args.name, args.by, settings.liveness_secs, args.wait)
@@ -124,7 +125,7 @@ def _hooks_remove(args: argparse.Namespace) -> int:
 
 
 def _hooks_restore(args: argparse.Namespace) -> int:
-    from workers.ops.operator import restore_hook
+    from workers.ops.hooks import restore_hook
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         await restore_hook(redis, keys, args.name)
@@ -137,7 +138,7 @@ def _hooks_restore(args: argparse.Namespace) -> int:
 def _breakglass(args: argparse.Namespace) -> int:
     """Switch the audited bypass of every enforcing hook on or off, or show it."""
     from bus.errors import ProtocolError
-    from workers.ops.operator import breakglass_off, breakglass_on, breakglass_status
+    from workers.ops.breakglass import breakglass_off, breakglass_on, breakglass_status
 
     def until(ms: int) -> str:
         return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -171,7 +172,8 @@ def _breakglass(args: argparse.Namespace) -> int:
 
 
 def _lag(args: argparse.Namespace) -> int:
-    from workers.ops.operator import consumer_lag, make_console, render_lag
+    from workers.ops.lag import consumer_lag
+    from workers.ops.render import make_console, render_lag
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await consumer_lag(
@@ -188,13 +190,8 @@ def _events_tail(args: argparse.Namespace) -> int:
     import contextlib
 
     from bus.events import HookEvent
-    from workers.ops.operator import (
-        event_matches,
-        events_end,
-        follow_events,
-        make_console,
-        render_event,
-    )
+    from workers.ops.events import event_matches, events_end, follow_events
+    from workers.ops.render import make_console, render_event
 
     events = {HookEvent.parse(e).value for e in args.event or ()}
     sessions = set(args.session or ())
@@ -228,7 +225,8 @@ def _events_tail(args: argparse.Namespace) -> int:
 
 def _dlq_list(args: argparse.Namespace) -> int:
     from bus.transport.keys import check_name
-    from workers.ops.operator import list_dead_letters, make_console, render_dead_letters
+    from workers.ops.dead_letters import list_dead_letters
+    from workers.ops.render import make_console, render_dead_letters
 
     hook = check_name("hook name", args.hook) if args.hook else None
     if args.limit <= 0:
@@ -243,7 +241,8 @@ def _dlq_list(args: argparse.Namespace) -> int:
 
 
 def _audit_list(args: argparse.Namespace) -> int:
-    from workers.ops.operator import list_audit, make_console, render_audit
+    from workers.ops.records import list_audit
+    from workers.ops.render import make_console, render_audit
 
     if args.limit <= 0:
         raise UsageError("--limit must be a positive number of entries")
@@ -257,12 +256,8 @@ def _audit_list(args: argparse.Namespace) -> int:
 
 
 def _dlq_show(args: argparse.Namespace) -> int:
-    from workers.ops.operator import (
-        check_stream_id,
-        get_dead_letter,
-        make_console,
-        render_dead_letter,
-    )
+    from workers.ops.dead_letters import check_stream_id, get_dead_letter
+    from workers.ops.render import make_console, render_dead_letter
 
     entry_id = check_stream_id(args.id)
 
@@ -283,7 +278,8 @@ def _with_progress(
     """``run(progress)``, with a progress bar on stderr when there are many entries."""
     from rich.progress import Progress
 
-    from workers.ops.operator import MANY, make_console
+    from workers.ops.common import MANY
+    from workers.ops.render import make_console
 
     if total < MANY:
         return run(None)
@@ -294,7 +290,8 @@ def _with_progress(
 
 def _dlq_replay(args: argparse.Namespace) -> int:
     from bus.transport.keys import check_name
-    from workers.ops.operator import count_dead_letters, list_hooks
+    from workers.ops.dead_letters import count_dead_letters
+    from workers.ops.hooks import list_hooks
     from workers.ops.replay import check_replayable, replay_dead_letters
 
     hook = check_name("hook name", args.hook)
@@ -325,7 +322,7 @@ def _dlq_replay(args: argparse.Namespace) -> int:
 
 def _dlq_purge(args: argparse.Namespace) -> int:
     from bus.transport.keys import check_name
-    from workers.ops.operator import count_dead_letters, purge_dead_letters
+    from workers.ops.dead_letters import count_dead_letters, purge_dead_letters
 
     hook = check_name("hook name", args.hook) if args.hook else None
     whose = f" of {hook}" if hook else ""
@@ -369,7 +366,7 @@ def _dlq_purge(args: argparse.Namespace) -> int:
 def _tenants(args: argparse.Namespace) -> int:
     """Which tenants (untrusted agents: each with its own Redis user, or gateway tokens) the
     coordinator service and the gateway answer."""
-    from workers.ops.operator import add_tenant, list_tenants, remove_tenant
+    from workers.ops.tenants import add_tenant, list_tenants, remove_tenant
 
     if args.action != "list" and not args.name:
         raise UsageError(f"tenants {args.action} needs the tenant's NAME")
@@ -402,7 +399,7 @@ def _tenants(args: argparse.Namespace) -> int:
 
 def _repair(args: argparse.Namespace) -> int:
     """Repair a stream poisoned with ids beyond Redis's clock (docs/security.md)."""
-    from workers.ops.operator import repair_stream
+    from workers.ops.repair import repair_stream
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         stream = keys.tenant_decisions(args.tenant) if args.tenant else args.stream
@@ -426,7 +423,8 @@ def _repair(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from workers.ops.operator import collect_metrics, make_console, render_metrics
+    from workers.ops.records import collect_metrics
+    from workers.ops.render import make_console, render_metrics
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         make_console().print(render_metrics(await collect_metrics(redis, keys)))

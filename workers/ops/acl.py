@@ -87,7 +87,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "operator",
-        "A person or a monitor (workers/ops/operator.py, workers/ops/replay.py: `hookbus hooks "
+        "A person or a monitor (workers/ops/: `hookbus hooks "
         "list`, "
         "`lag`, `events tail`, `dlq …`, `metrics`, `replay`, `cancel`, `tenants`, `repair`, "
         "every --check; KEDA's redis-streams scaler): reads everything under the prefix; "

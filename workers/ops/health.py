@@ -27,7 +27,8 @@ from bus.transport.clock import (
     offset_from,
 )
 from bus.transport.keys import Keys
-from workers.ops.operator import _text, replica_summary
+from workers.ops.common import _text
+from workers.ops.hooks import replica_summary
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

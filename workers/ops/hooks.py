@@ -1,0 +1,211 @@
+"""The registered hooks as an operator sees them (``hookbus hooks list``), and retiring and
+restoring one (``hookbus hooks remove`` / ``restore``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from bus.errors import HookBusError, InvalidInputError, ProtocolError
+from bus.hooks import MODES
+from bus.protocol import (
+    PROTOCOL_VERSION,
+    ControlMessage,
+    HookManifest,
+    RetiredHook,
+    decode,
+    encode,
+    now_ms,
+    retired_hook,
+)
+from bus.transport.clock import redis_ms
+from bus.transport.directory import read_manifests
+from bus.transport.keys import Keys, check_name
+from workers.ops.common import _ago, _secs, _text
+
+
+@dataclass(frozen=True)
+class HookRow:
+    """One hook of ``{p}:hooks`` with its replicas. ``problem`` is set for an unusable manifest."""
+
+    name: str
+    kind: str = "?"
+    scope: str = ""
+    events: tuple[str, ...] = ()  # empty: every event
+    tool_names: tuple[str, ...] = ()
+    tool_content: tuple[str, ...] = ()
+    failure_policy: str = ""
+    priority: int | None = None
+    timeout: float | None = None
+    live: int = 0  # replicas whose heartbeat is within liveness_secs
+    replicas: int = 0  # replicas in the zset, live or not
+    last_heartbeat_secs: float | None = None  # seconds since the freshest heartbeat
+    problem: str = ""
+    mode: str = ""  # the mode coordinators apply: the operator's override, else the manifest's
+    mode_set_by_operator: bool = False  # `hookbus hooks mode` set it ({p}:modes)
+    stopped_secs: float | None = None  # seconds since a replica last stopped cleanly
+
+    @property
+    def stopped(self) -> bool:
+        """No live replica, and the last thing a replica did was stop cleanly."""
+        if self.live or self.stopped_secs is None:
+            return False
+        return self.last_heartbeat_secs is None or self.stopped_secs <= self.last_heartbeat_secs
+
+
+async def list_hooks(
+    redis: Redis, keys: Keys, liveness_secs: float, now: int | None = None, *, modes: bool = True
+) -> list[HookRow]:
+    """Every hook in ``{p}:hooks``, by name; a malformed manifest is a row with ``problem``.
+    ``modes=False``: do not read ``{p}:modes`` (a worker's health check may not), so every
+    row shows its manifest's mode."""
+    now = await redis_ms(redis) if now is None else now  # heartbeats are on Redis's clock
+    manifests = await read_manifests(redis, keys)
+    overrides: Any = await redis.hgetall(keys.modes) if modes else {}
+    mode_of = {_text(k): _text(v) for k, v in overrides.items()}
+    rows: list[HookRow] = []
+    for raw_name, value in sorted(manifests.items()):
+        name = _text(raw_name)
+        live, total, last, stopped = await replica_summary(redis, keys, name, liveness_secs, now)
+        tomb = retired_hook(value)
+        if tomb is not None:
+            by = f" by {tomb.by}" if tomb.by else ""
+            problem = (
+                f"removed{by} {_ago(_secs(now - tomb.at))} ago; coordinators ignore it "
+                f"(hookbus hooks restore {name} to serve it again)"
+            )
+            row = HookRow(name, kind="removed", live=live, replicas=total, problem=problem)
+            rows.append(dataclasses.replace(row, last_heartbeat_secs=last, stopped_secs=stopped))
+            continue
+        try:
+            manifest = decode(value, HookManifest)
+            if manifest.name != name:
+                raise InvalidInputError(f"it names hook {manifest.name!r}")
+            if manifest.protocol_version != PROTOCOL_VERSION:
+                raise InvalidInputError(f"protocol version {manifest.protocol_version}")
+            manifest.spec()  # checks the patterns
+        except HookBusError as exc:
+            problem = "malformed manifest: " + str(exc).removeprefix("malformed HookManifest: ")
+            rows.append(
+                HookRow(
+                    name,
+                    live=live,
+                    replicas=total,
+                    last_heartbeat_secs=last,
+                    problem=problem,
+                    stopped_secs=stopped,
+                )
+            )
+            continue
+        # As coordinators decide it (bus/transport/directory.py): an override that is no mode is
+        # ignored.
+        override = mode_of.get(name)
+        by_operator = override in MODES
+        rows.append(
+            HookRow(
+                name=name,
+                kind=manifest.kind,
+                scope=manifest.scope,
+                events=tuple(e.value for e in manifest.events),
+                tool_names=tuple(manifest.tool_names),
+                tool_content=tuple(manifest.tool_content),
+                failure_policy=manifest.failure_policy,
+                priority=manifest.priority,
+                timeout=manifest.timeout,
+                live=live,
+                replicas=total,
+                last_heartbeat_secs=last,
+                mode=override if by_operator and override else manifest.mode,
+                mode_set_by_operator=by_operator,
+                stopped_secs=stopped,
+            )
+        )
+    return rows
+
+
+async def replica_summary(
+    redis: Redis, keys: Keys, name: str, liveness_secs: float, now: int
+) -> tuple[int, int, float | None, float | None]:
+    """Live replicas, replicas, seconds since the last heartbeat and since the last clean stop."""
+    try:
+        check_name("hook name", name)
+    except HookBusError:
+        return 0, 0, None, None
+    beats: Any = await redis.zrange(keys.replicas(name), 0, -1, withscores=True)
+    stopped = None
+    scores = []
+    for member, score in beats:
+        if _text(member) == Keys.STOPPED_MEMBER:
+            stopped = _secs(now + float(score))  # scored -(epoch ms of the stop)
+        else:
+            scores.append(float(score))
+    if not scores:
+        return 0, 0, None, stopped
+    live = sum(1 for s in scores if now - s <= liveness_secs * 1000)
+    return live, len(scores), _secs(now - max(scores)), stopped
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What ``hookbus hooks remove`` did."""
+
+    kind: str  # "sync", "async", or "?" for a manifest that did not decode
+    live: int  # replicas still live when it stopped waiting
+    group_destroyed: bool  # an async hook's group on {p}:events is gone (retention moves on)
+
+
+async def remove_hook(
+    redis: Redis, keys: Keys, name: str, by: str, liveness_secs: float, wait_secs: float
+) -> Removal:
+    """Retire a hook for good, safely while its replicas run.
+
+    Its manifest is replaced (one ``SET``) by a ``RetiredHook`` tombstone, which every
+    coordinator ignores and which a replica's heartbeat (``SET … NX``) cannot overwrite; each
+    replica sees it at its next heartbeat and stops, and a replica that starts refuses to serve
+    the hook. Its mode override goes too. Once no replica is live (at most ``wait_secs``), an
+    async hook's consumer group on every events partition is destroyed, so that retention no
+    longer keeps events for it.
+    """
+    check_name("hook name", name)
+    raw: Any = await redis.get(keys.manifest(name))
+    if raw is None:
+        raise InvalidInputError(f"no hook named {name!r} is registered (see hookbus hooks list)")
+    if retired_hook(raw) is not None:
+        raise InvalidInputError(f"hook {name!r} is removed already (see hookbus hooks list)")
+    try:
+        kind: str = decode(raw, HookManifest).kind
+    except ProtocolError:
+        kind = "?"  # a malformed manifest can be removed all the same
+    tomb = RetiredHook(retired=name, at=now_ms(), by=by)
+    await redis.set(keys.manifest(name), encode(tomb))
+    await redis.hdel(keys.modes, name)
+    await redis.publish(keys.control, encode(ControlMessage(type="manifest", name=name)))
+    deadline = asyncio.get_running_loop().time() + wait_secs
+    while True:
+        live, _, _, _ = await replica_summary(redis, keys, name, liveness_secs, now_ms())
+        if not live or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    destroyed = False
+    if kind != "sync" and not live:
+        for partition in keys.event_partitions:
+            try:
+                destroyed = bool(await redis.xgroup_destroy(partition, name)) or destroyed
+            except ResponseError as exc:  # no such partition stream
+                if "no such key" not in str(exc).lower():
+                    raise
+    return Removal(kind, live, destroyed)
+
+
+async def restore_hook(redis: Redis, keys: Keys, name: str) -> None:
+    """Undo ``remove_hook``: delete the tombstone, so that the hook's replicas may register."""
+    check_name("hook name", name)
+    raw: Any = await redis.get(keys.manifest(name))
+    if retired_hook(raw) is None:
+        raise InvalidInputError(f"hook {name!r} was not removed: nothing to restore")
+    await redis.delete(keys.manifest(name))
