@@ -123,6 +123,18 @@ def test_no_import_circles() -> None:
     assert circles == [], "import circles: " + "; ".join(" → ".join(c) for c in circles)
 
 
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_long_module_says_why(path: Path) -> None:
+    text = path.read_text()
+    if text.count("\n") <= LONG:
+        return
+    doc = ast.get_docstring(ast.parse(text)) or ""
+    assert "Why one module" in doc, (
+        f"{path.relative_to(ROOT)} has {text.count(chr(10))} lines: split it, or say in its "
+        "opening docstring why it is one module (a paragraph starting 'Why one module')"
+    )
+
+
 def test_the_command_line_lives_with_the_services() -> None:
     assert not (ROOT / "bus" / "cli.py").exists() and not (ROOT / "bus" / "testing.py").exists()
     assert (ROOT / "workers" / "cli" / "__init__.py").exists()

@@ -31,6 +31,10 @@ reason, a decision, context for the model), never the arguments or output a hook
 adds to a tool call's dispatch span the final input (``gen_ai.tool.call.arguments``, JSON) and
 output (``gen_ai.tool.call.result``) as the hooks left them — after every rewrite, as the
 agent gets them; no input for a blocked call — up to ``CONTENT_CHARS`` characters each.
+
+Why one module: configuration, HookBus's own spans and the instruments that wrap a runner share
+the process-wide tracing state (the provider, the export thread, the deferred records). The
+export thread itself is export.py.
 """
 
 from __future__ import annotations

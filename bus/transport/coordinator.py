@@ -11,6 +11,10 @@ one long-lived inbox reader resolves. FastStream's ``broker.request()`` opens a 
 subscription per call (~1 ms here) and its publisher sends one command per message; on a path
 measured against a raw redis-py floor both would show, so this module talks to redis-py
 directly.
+
+Why one module: one class, the Coordinator: dispatching, batching its requests into one round
+trip, reading its inbox, refreshing the hook directory and failing closed until it is read share
+its pending requests and outbox.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""Small typed helpers over redis-py shared by the coordinator and the worker services."""
+"""Small typed helpers over redis-py shared by the coordinator and the worker services.
+
+Why one module: every Redis round trip HookBus makes goes through these helpers (connections and
+their authentication, cluster routing, pipelines, batched XADD, group reads and claims, dead
+letters); they share the connection classes and the rules for errors, and a reviewer of
+HookBus's Redis traffic reads them in one place.
+"""
 
 from __future__ import annotations
 

@@ -25,6 +25,10 @@ Towards Claude Code's own hook scripts (``workers.integrations.command_hook:Comm
 * ``hook_input(event, ctx, …)``: a HookBus context → the input a Claude Code hook script reads
   (Claude Code's own, unchanged, when the context came from Claude Code: ``original_input``);
 * ``from_command(event, ctx, status, stdout, stderr)``: what the script did → the hook's answer.
+
+Why one module: the translation between Claude Code's hook input and output and HookBus's
+contexts and results is read side by side, event by event: each direction checks the shapes the
+other produces (a rewrite must keep ``tool_response``'s shape).
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@
 Why not a FastStream stream subscriber here: it acknowledges a batch as one unit (one bad event
 would hold back the good ones), has no delivery count to dead-letter on, and stops on NOGROUP;
 the consumer-group protocol is small enough that owning it is simpler than working around that.
+
+Why one module: one class, a consumer group's replica: reading, running the hook (batches halved
+around a poison entry), acknowledging, claiming and dead-lettering share the replica's in-flight
+entries and delivery counts.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ the protocol gets an error reply that names the field when its ``reply_to`` can 
 goes to the dead-letter stream otherwise; the service never stops because of it.
 
 ``decide()`` is that decision, shared with the HTTP gateway (``workers/services/gateway.py``).
+
+Why one module: one service class, whose parts (a reader per stream, decoding a request's head,
+deciding, replying, taking over a silent replica's requests) share its in-flight entries and its
+bounds on I/O; ``decide()`` beside it is what the gateway shares with it.
 """
 
 from __future__ import annotations

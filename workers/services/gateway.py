@@ -37,6 +37,10 @@ so HTTP and Redis agents get the same semantics.
 
 Starlette and uvicorn are the ``gateway`` extra (``pip install 'hookbus[gateway]'``): they are
 imported when the gateway serves, so that the rest of the ``hookbus`` command works without them.
+
+Why one module: the gateway is one service answered three ways (decisions, Claude Code,
+cancellations), and every route first checks what this module keeps: tokens and the tenants the
+bus serves; the Starlette routes are thin. Its command line is workers/cli/gateway.py.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ in-flight entries fresh (XCLAIM … JUSTID) and takes over entries left idle lon
 Why raw redis-py rather than a FastStream subscriber: this is the synchronous hot path, measured
 against a raw redis-py floor. FastStream acknowledges each message with its own round trip and
 parses its own framing first; here the reply and the XACK share one pipelined round trip.
+
+Why one module: one class, a replica's loop: reading requests, running the hook under its
+deadline, replying, heartbeats and taking over a dead replica's entries share the replica's in-
+flight entries. What does not (the loop watchdog, the probes, loading a hook class) has modules
+of its own.
 """
 
 from __future__ import annotations
