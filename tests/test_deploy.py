@@ -343,20 +343,31 @@ def compose_hook_services() -> dict[str, tuple[str, str]]:
     return out
 
 
+def make_acl_command() -> list[str]:
+    """The ``hookbus acl`` arguments of the Makefile's ``acl`` target (which writes users.acl)."""
+    makefile = (ROOT / "Makefile").read_text()
+    (hooks,) = re.findall(r"^STACK_HOOKS = (\S+)$", makefile, re.M)
+    (recipe,) = re.findall(r"^\t\$\(BIN\)/hookbus (acl .*)$", makefile, re.M)
+    argv = shlex.split(recipe.replace("$(STACK_HOOKS)", hooks))
+    out = argv.index("-o")
+    assert argv[out + 1] == "deploy/redis/users.acl"
+    return argv[:out] + argv[out + 2 :]
+
+
 def test_users_acl_is_what_hookbus_acl_generates_for_the_stack(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """deploy/redis/users.acl is the output of the command its header names, for exactly the
-    hook services docker-compose.yml runs."""
+    """deploy/redis/users.acl is the output of `make acl`, for exactly the hook services
+    docker-compose.yml runs; it holds nothing but user lines (Redis refuses the rest)."""
     from workers.cli import main
 
     text = (REDIS_DIR / "users.acl").read_text()
-    (command,) = re.findall(r"^#   (hookbus acl .*)$", text, re.M)
-    argv = shlex.split(command)[1:]
+    argv = make_acl_command()
     assert main(argv) == 0
     assert capsys.readouterr().out == text
     args = build_parser().parse_args(argv)
     assert sorted(args.hooks.split(",")) == sorted(t for t, _ in compose_hook_services().values())
+    assert all(line.startswith("user ") for line in text.splitlines())
 
 
 def test_each_hook_service_connects_as_its_own_hook_user() -> None:
@@ -401,8 +412,8 @@ def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
         if line.startswith("user ")
     }
     assert list(lines) == [
-        "default", "coordinator", "agent", "operator", "hook-Guard", "hook-Tail",
-        "hook-AsyncAuditLogHook", "tenant-acme", "tenant-beta",
+        "default", "coordinator", "agent", "operator", "scaler", "admin", "hook-Guard",
+        "hook-Tail", "hook-AsyncAuditLogHook", "tenant-acme", "tenant-beta",
     ]  # fmt: skip
     assert all("hookbus:" not in line for line in lines.values())
     assert "~hb2:hook:{Guard}:* ~hb2:hook:{Guard#*}:*" in lines["hook-Guard"]
@@ -410,9 +421,19 @@ def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
     assert "~hb2:events:* +evalsha" in lines["hook-Tail"]
     assert "~hb2:events:* ~hb2:audit +evalsha" in lines["hook-AsyncAuditLogHook"]
     assert lines["tenant-acme"] == (
-        "user tenant-acme on resetchannels -@all +ping +client|setinfo "
+        "user tenant-acme on resetchannels -@all +ping "
         "(%W~hb2:t:{acme}:decisions +xadd) (~hb2:t:{acme}:inbox:* +blpop +blmpop)"
     )
+    # For Redis >= 7.2, +client|setinfo; for a cluster, what cluster clients send; never for
+    # default (off) or admin (+@all).
+    assert main([*argv, "--redis-version", "7.2", "--cluster"]) == 0
+    newer = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()}
+    assert newer["tenant-acme"] == (
+        f"{lines['tenant-acme']} +client|setinfo +command +cluster|slots +cluster|shards "
+        "+cluster|nodes +asking"
+    )
+    assert newer["default"] == lines["default"] and newer["admin"] == lines["admin"]
+    assert main([*argv, "--redis-version", "6.2"]) == 2
     cancel = hook_user_of("workers.cancellation:RedisCancellationHook")
     assert cancel.capabilities == ("read-cancellations",)
     for bad in ("Bad Name", "Guard=maybe", "workers.nothere:X", "json:dumps"):
@@ -432,8 +453,10 @@ def password(user: str) -> str:
     return f"{user}-{os.getpid()}-pw"
 
 
-PASSWORDS = {user: password(user) for user in USERS if user != "default"}
-ADMIN = "admin-test-pw"
+#: The users HookBus processes connect as (not default, off; admin, Redis's administrator;
+#: scaler, KEDA's).
+PASSWORDS = {user: password(user) for user in USERS if user not in ("default", "admin", "scaler")}
+ADMIN = password("admin")
 
 
 def password_var(user: str) -> str:
@@ -442,8 +465,8 @@ def password_var(user: str) -> str:
 
 
 class AclRedis:
-    """redis-server started by deploy/redis/start.sh from users.acl, plus an ``admin`` user of
-    the test's own (to read ACL LOG), and a user for each of ``hooks`` (MODULE:CLASS or NAME,
+    """redis-server started by deploy/redis/start.sh from users.acl (its ``admin`` user reads
+    ACL LOG), and a user for each of ``hooks`` (MODULE:CLASS or NAME,
     as ``hookbus acl --hooks`` takes them) the stack does not run. ``acl``: another file
     ``hookbus acl`` generated, in place of users.acl. Each user's password: ``password(user)``."""
 
@@ -458,7 +481,9 @@ class AclRedis:
         lines = "".join(f"user {user} {rules}\n" for user, rules in extra)
         base = (acl or REDIS_DIR / "users.acl").read_text()
         template = tmp / "users.acl"
-        template.write_text(base + lines + "user admin on ~* &* +@all\n")
+        if not re.search(r"^user admin ", base, re.M):  # a file of an older `hookbus acl`
+            lines += "user admin on ~* &* +@all\n"
+        template.write_text(base + lines)
         self.users = [u for u in re.findall(r"^user (\S+) ", base + lines, re.M) if u != "default"]
         self.port = free_port()
         env = {
@@ -467,7 +492,6 @@ class AclRedis:
             "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
             "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
             **{password_var(u): password(u) for u in self.users},
-            "HOOKBUS_ADMIN_PASSWORD": ADMIN,
         }
         self.log = tmp / "redis.log"
         self.proc = subprocess.Popen(
@@ -533,6 +557,7 @@ def test_start_sh_refuses_a_user_without_password(tmp_path: Path) -> None:
     )
     # A hook user's variable: its name in capitals, '-' and '.' as '_'.
     env |= {"HOOKBUS_AGENT_PASSWORD": "x", "HOOKBUS_OPERATOR_PASSWORD": "x"}
+    env |= {"HOOKBUS_SCALER_PASSWORD": "x", "HOOKBUS_ADMIN_PASSWORD": "x"}
     result = subprocess.run(
         ["sh", str(REDIS_DIR / "start.sh"), "--port", str(free_port())],
         env=env, capture_output=True, text=True, timeout=30, check=False,
