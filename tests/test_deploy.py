@@ -113,14 +113,43 @@ def test_the_readme_compose_snippet_for_a_custom_hook_fits_the_compose_file(
     assert service["healthcheck"] == doc["x-health"]
 
 
-# Compose's Redis users: the shared roles, each hook service's own user, the demo tenant.
+# Compose's Redis users: every user of users.acl but default (off): the shared roles, admin,
+# scaler, each hook service's own user, the demo tenant.
 ROLE_PASSWORDS = [
-    f"HOOKBUS_{r}_PASSWORD"
-    for r in (
-        "COORDINATOR", "AGENT", "OPERATOR", "HOOK_CANCELLATIONHOOK", "HOOK_SECRETGUARD",
-        "HOOK_ASYNCAUDITLOGHOOK", "HOOK_ASYNCMETRICSHOOK", "TENANT_DEMO",
-    )
-]  # fmt: skip
+    f"HOOKBUS_{u.upper().replace('-', '_').replace('.', '_')}_PASSWORD"
+    for u in re.findall(r"^user (\S+) on ", (ROOT / "deploy/redis/users.acl").read_text(), re.M)
+]
+GATEWAY_TOKENS = "HOOKBUS_GATEWAY_TOKEN_DIGESTS"
+
+
+def readme_env_snippet() -> str:
+    """The lines of README.md's "Running the stack" that write .env (before `docker compose`)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Running the stack") :]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "README.md's Running the stack has no sh block"
+    lines = block.group(1).splitlines()
+    return "\n".join(lines[: next(i for i, x in enumerate(lines) if x.startswith("docker "))])
+
+
+def test_the_readme_env_loop_sets_every_variable_compose_needs(tmp_path: Path) -> None:
+    """README's .env, built exactly as it says (in a copy of the checkout's deploy/redis), sets
+    every variable docker-compose.yml interpolates, each to a non-empty, URL-safe value; the
+    token it prints is the tenant demo's for the gateway."""
+    from workers.gateway import Tokens
+
+    (tmp_path / "deploy" / "redis").mkdir(parents=True)
+    (tmp_path / "deploy/redis/users.acl").write_text((REDIS_DIR / "users.acl").read_text())
+    result = subprocess.run(["sh", "-eu", "-c", readme_env_snippet()], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    env = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines())
+    needed = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE.read_text()))
+    assert needed and needed <= set(env), sorted(needed - set(env))
+    assert all(re.fullmatch(r"[0-9a-f]{48}", env[v]) for v in needed if v.endswith("_PASSWORD"))
+    assert sorted(v for v in needed if v.endswith("_PASSWORD")) == sorted(ROLE_PASSWORDS)
+    (token,) = re.findall(r"^gateway token of tenant demo: (\S+)$", result.stdout, re.M)
+    (tmp_path / "tokens").write_text(env[GATEWAY_TOKENS] + "\n")
+    assert Tokens.load(tmp_path / "tokens").tenant(f"Bearer {token}") == "demo"
 
 
 def test_compose_has_no_development_passwords_and_none_in_urls() -> None:
@@ -134,7 +163,7 @@ def test_compose_has_no_development_passwords_and_none_in_urls() -> None:
         assert uses and all(u.startswith(":?") for u in uses), (var, uses)
     assert "dev-password" not in text and ":-" not in "".join(re.findall(r"\$\{[^}]*\}", text))
     doc = compose()
-    assert {s["environment"] for s in doc["secrets"].values()} == set(ROLE_PASSWORDS)
+    assert {s["environment"] for s in doc["secrets"].values()} == {*ROLE_PASSWORDS, GATEWAY_TOKENS}
     for name, service in doc["services"].items():
         if service.get("image") != "hookbus:latest":
             continue
@@ -142,9 +171,31 @@ def test_compose_has_no_development_passwords_and_none_in_urls() -> None:
         url = urllib.parse.urlsplit(env["HOOKBUS_REDIS_URL"])
         assert url.password is None and url.username, (name, env["HOOKBUS_REDIS_URL"])
         secret = f"hookbus_{url.username}_password"
-        assert service["secrets"] == [secret], name
+        tokens = ["hookbus_gateway_tokens"] if service["command"][0] == "gateway" else []
+        assert service["secrets"] == [secret, *tokens], name
         assert env["HOOKBUS_REDIS_PASSWORD_FILE"] == f"/run/secrets/{secret}", name
-    assert sorted(doc["services"]["redis"]["secrets"]) == sorted(doc["secrets"])
+    assert sorted(doc["services"]["redis"]["secrets"]) == sorted(
+        s for s in doc["secrets"] if s.endswith("_password")
+    )
+
+
+def test_compose_hardens_every_container() -> None:
+    """Read-only root file systems, no capability, no-new-privileges, a restart policy (one-shot
+    commands: none), Redis and Jaeger health-checked, Jaeger v2, every port on 127.0.0.1."""
+    doc = compose()
+    for name, service in doc["services"].items():
+        assert service.get("read_only") is True, name
+        assert service.get("cap_drop") == ["ALL"], name
+        assert service.get("security_opt") == ["no-new-privileges:true"], name
+        one_shot = service.get("profiles") == ["tools"] or service.get("command", [""])[0] == "demo"
+        assert service.get("restart") == ("no" if one_shot else "unless-stopped"), name
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    for name in ("redis", "jaeger"):
+        assert doc["services"][name]["healthcheck"]["test"], name
+    image, _, tag = doc["services"]["jaeger"]["image"].partition(":")
+    assert image == "jaegertracing/jaeger" and tag.split(".")[0] == "2"
+    assert doc["services"]["redis"]["user"] == "999:999"  # needs no capability to drop root
 
 
 def test_compose_limits_every_service_and_keeps_the_audit_log_on_a_volume() -> None:
@@ -1113,3 +1164,66 @@ def test_on_a_cluster_the_generated_users_work_and_a_noperm_is_one_line(tmp_path
                 client.close()
     finally:
         server.close()
+
+
+@pytest.mark.redis
+def test_the_compose_gateway_runs_as_the_coordinator_and_answers_its_probes(
+    acl_redis: AclRedis, tmp_path: Path
+) -> None:
+    """The gateway service as Compose runs it (its command, environment and secret files, with
+    this Redis and a free port): healthy by its health check (/readyz), alive on /livez, and a
+    tenant's token from the token file is accepted; Redis denied it nothing."""
+    import urllib.error
+    import urllib.request
+
+    service = compose()["services"]["gateway"]
+    secrets, port = tmp_path / "secrets", free_port()
+    secrets.mkdir()
+    (secrets / "hookbus_coordinator_password").write_text(password("coordinator") + "\n")
+    token = "t" * 43
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    (secrets / "hookbus_gateway_tokens").write_text(f"demo:{digest}\n")
+
+    def local(value: str) -> str:
+        return (
+            value.replace("/run/secrets/", f"{secrets}/")
+            .replace("@redis:6379", f"@127.0.0.1:{acl_redis.port}")
+            .replace("8787", str(port))
+        )
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOOKBUS_", "OTEL_"))}
+    env |= {k: local(v) for k, v in service["environment"].items() if not k.startswith("OTEL_")}
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", *map(local, service["command"])],
+            env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        )  # fmt: skip
+    kind, python, flag, code = service["healthcheck"]["test"]
+    assert (kind, python, flag) == ("CMD", "python", "-c") and "/readyz" in code
+    try:
+        until(
+            lambda: subprocess.run([sys.executable, "-c", local(code)], capture_output=True,
+                                   timeout=30).returncode == 0,
+            "the gateway healthy", 60, log.read_text,
+        )  # fmt: skip
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=5) as answer:
+            assert answer.status == 200
+
+        def status(bearer: str) -> int:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/decisions", method="POST", data=b"{}",
+                headers={"Authorization": f"Bearer {bearer}"},
+            )  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    return int(answer.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert status("wrong") == 401
+        assert status(token) == 400  # past the token check, to the request's own fields
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0, log.read_text()
+    assert acl_redis.denied() == []

@@ -17,6 +17,10 @@ One POST, one request, one decision:
     large, unreadable) is refused with 200, never answered 400 or 413.
 ``GET /healthz``
     200 while Redis answers, else 503.
+``GET /livez``, ``GET /readyz``
+    The probes of every HookBus service (workers/probes.py): ``/livez`` 200 while the process
+    answers, Redis not asked; ``/readyz`` as ``/healthz``, and 503 until the hook directory
+    has been read.
 
 Every POST needs ``Authorization: Bearer <token>``. The token file holds one ``tenant:sha256``
 line per token (the hex SHA-256 of the token, never the token itself); a request's tenant is
@@ -378,6 +382,16 @@ def app(gateway: Gateway) -> Starlette:
     async def health(request: Request) -> Response:
         return respond(await gateway.health())
 
+    # The services' probe convention (workers/probes.py): /livez asks nothing of Redis (an
+    # outage restarts no pod); /readyz as /healthz, and not before the hook directory is read.
+    async def livez(request: Request) -> Response:
+        return Response(b"ok\n", 200, media_type="text/plain")
+
+    async def readyz(request: Request) -> Response:
+        if (why := gateway.coordinator.not_deciding()) is not None:
+            return respond(_json(503, {"status": "unavailable", "error": why}))
+        return respond(await gateway.health())
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         await gateway.coordinator.start()
@@ -392,6 +406,8 @@ def app(gateway: Gateway) -> Starlette:
             Route("/v1/decisions", decisions, methods=["POST"]),
             Route("/claude-code", claude_code, methods=["POST"]),
             Route("/healthz", health, methods=["GET"]),
+            Route("/livez", livez, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
         ],
         lifespan=lifespan,
     )
