@@ -232,6 +232,80 @@ def test_the_docker_build_context_is_small() -> None:
         assert source in files, source
 
 
+def lock(path: Path) -> dict[str, str]:
+    """A lock file's packages: canonical name -> its block (the pin and its hashes)."""
+    from packaging.utils import canonicalize_name
+
+    blocks = re.split(r"\n(?=[A-Za-z0-9][A-Za-z0-9._-]*==)", path.read_text())
+    return {
+        canonicalize_name(b.split("==")[0]): "\n".join(
+            line for line in b.splitlines() if not line.lstrip().startswith("#")
+        ).strip()
+        for b in blocks
+        if "==" in b.split("\n")[0]
+    }
+
+
+def test_the_image_installs_locked_dependencies_before_the_code() -> None:
+    """deploy/Dockerfile: the lock files (runtime, and the gateway extra) are copied and
+    installed with --require-hashes before any source file, so a code change reuses that layer;
+    HookBus itself is installed with --no-deps."""
+    steps = [
+        line.split(None, 1)
+        for line in (ROOT / "deploy" / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+        if line and not line.startswith("#")
+    ]
+    copies = [i for i, (op, _) in enumerate(steps) if op == "COPY"]
+    runs = [(i, arg) for i, (op, arg) in enumerate(steps) if op == "RUN"]
+    first_copy = steps[copies[0]][1].split()
+    assert first_copy == ["requirements/runtime.txt", "requirements/gateway.txt", "requirements/"]
+    deps_at, deps = runs[0]
+    assert copies[0] < deps_at < copies[1], "dependencies are installed before the code is copied"
+    assert "--require-hashes" in deps.split()
+    assert "-r requirements/runtime.txt" in deps and "-r requirements/gateway.txt" in deps
+    code_at, code = runs[1]
+    assert code_at > copies[-1] and "pip install --no-deps ." in code
+
+
+def test_the_gateway_lock_covers_the_extra_and_agrees_with_dev_txt() -> None:
+    """requirements/gateway.txt: every package the `gateway` extra needs (on CPython 3.11 on
+    Linux) that runtime.txt lacks, pinned and hashed exactly as dev.txt (made by `make lock`)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    runtime, gateway = (
+        lock(ROOT / "requirements/runtime.txt"),
+        lock(ROOT / "requirements/gateway.txt"),
+    )
+    dev = lock(ROOT / "requirements/dev.txt")
+    assert not set(runtime) & set(gateway)
+    for name, block in gateway.items():
+        assert dev[name] == block, name
+    env = {"python_version": "3.11", "python_full_version": "3.11.0", "sys_platform": "linux",
+           "platform_system": "Linux", "os_name": "posix", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "platform_machine": "x86_64",
+           "extra": ""}  # fmt: skip
+    extra = [
+        Requirement(r)
+        for r in importlib.metadata.requires("hookbus") or []
+        if 'extra == "gateway"' in r
+    ]
+    needed, todo = set(), [r.name for r in extra]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in needed:
+            continue
+        needed.add(name)
+        for r in map(Requirement, importlib.metadata.requires(name) or []):
+            if r.marker is None or r.marker.evaluate(env):
+                todo.append(r.name)
+    assert needed and needed <= set(runtime) | set(gateway), sorted(
+        needed - set(runtime) - set(gateway)
+    )
+
+
 def validate_manifest(doc: dict[str, Any]) -> None:
     """Raise if ``doc`` breaks its schema: KEDA's from deploy/schemas/, else Kubernetes'."""
     import jsonschema
