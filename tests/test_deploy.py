@@ -429,21 +429,26 @@ def test_compose_services_are_checked_on_their_health_endpoint() -> None:
 
 
 def test_deployments_probe_the_health_endpoint_and_name_the_hook_once() -> None:
-    """Liveness asks /livez (never Redis), readiness /readyz, on the container port named
-    "health" that the ConfigMap's HOOKBUS_HEALTH_PORT opens; no probe starts a process; a
-    worker's MODULE:CLASS is written once, in its args."""
+    """One probe convention: liveness asks /livez (never Redis), readiness /readyz, on the
+    container port named "health" that the ConfigMap's HOOKBUS_HEALTH_PORT opens — the gateway
+    on its own port, named "http"; no probe starts a process; a worker's MODULE:CLASS is written
+    once, in its args."""
     (config,) = [d for _, _, d in manifests() if d["kind"] == "ConfigMap"]
     port = int(config["data"]["HOOKBUS_HEALTH_PORT"])
     found = 0
     for file, _, doc in deployments():
         (c,) = doc["spec"]["template"]["spec"]["containers"]
-        assert long_running(c["args"]), file
+        assert long_running(c["args"]) or c["args"][0] == "gateway", file
         found += 1
-        assert {"name": "health", "containerPort": port} in c["ports"], file
+        if c["args"][0] == "gateway":
+            name, port_of = "http", int(c["args"][c["args"].index("--port") + 1])
+        else:
+            name, port_of = "health", port
+        assert {"name": name, "containerPort": port_of} in c["ports"], file
         paths = {}
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert "exec" not in c[probe], (file, probe)
-            assert c[probe]["httpGet"]["port"] == "health", (file, probe)
+            assert c[probe]["httpGet"]["port"] == name, (file, probe)
             paths[probe] = c[probe]["httpGet"]["path"]
         assert paths == {
             "startupProbe": "/livez",
@@ -452,7 +457,7 @@ def test_deployments_probe_the_health_endpoint_and_name_the_hook_once() -> None:
         }, file
         if c["args"][0] == "worker":
             assert yaml.safe_dump(doc).count(c["args"][1]) == 1, file
-    assert found == 5
+    assert found == 6
 
 
 # -- ACL users ----------------------------------------------------------------------------------
@@ -519,7 +524,59 @@ def test_each_hook_service_connects_as_its_own_hook_user() -> None:
         user = urllib.parse.urlsplit(secrets[ref["name"]][ref["key"]]).username
         assert user == f"hook-{spec_of(load_hook(container['args'][1])).name}", file
         assert user in USERS
-        assert list(secrets[ref["name"]]) == [ref["key"]], "a hook's Secret holds its URL only"
+        assert sorted(secrets[ref["name"]]) == ["password", ref["key"]], (
+            "a hook's Secret holds its own user's URL and password only"
+        )
+
+
+def test_kubernetes_passes_passwords_as_files_and_grants_pods_nothing_more() -> None:
+    """No Redis URL of a Secret holds a password; each Deployment's container reads its password
+    from a file (HOOKBUS_REDIS_PASSWORD_FILE) mounted from just its own user's key of a Secret,
+    whose URL names the same user; no ServiceAccount token; replicas spread over nodes; a
+    NetworkPolicy covers every pod in and out; KEDA authenticates as the scaler user; the
+    gateway's tokens are a mounted file too."""
+    docs = [d for _, _, d in manifests()]
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
+    for name, data in secrets.items():
+        for key, value in data.items():
+            if value.startswith("redis"):
+                assert urllib.parse.urlsplit(value).password is None, (name, key)
+    for file, _, doc in deployments():
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, file
+        labels = doc["spec"]["selector"]["matchLabels"]
+        (term,) = pod["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == labels, file
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname", file
+        (c,) = pod["containers"]
+        env = {e["name"]: e for e in c["env"]}
+        assert "HOOKBUS_REDIS_PASSWORD" not in env, file
+        path = Path(env["HOOKBUS_REDIS_PASSWORD_FILE"]["value"])
+        (mount,) = [m for m in c["volumeMounts"] if path.parent == Path(m["mountPath"])]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        (item,) = volume["secret"]["items"]
+        assert item["path"] == path.name, file
+        url_ref = env["HOOKBUS_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        assert volume["secret"]["secretName"] == url_ref["name"], file
+        url = secrets[url_ref["name"]][url_ref["key"]]
+        user = urllib.parse.urlsplit(url).username
+        assert item["key"] in ("password", f"{user}-password"), file
+        assert item["key"] in secrets[url_ref["name"]], file
+        if c["args"][0] == "gateway":
+            tokens = Path(c["args"][c["args"].index("--tokens") + 1])
+            (mount,) = [m for m in c["volumeMounts"] if Path(m["mountPath"]) == tokens.parent]
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            assert volume["secret"]["items"] == [{"key": "tokens", "path": tokens.name}]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    everyone = [p for p in policies if p["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "hookbus"}]  # fmt: skip
+    assert everyone and everyone[0]["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    (auth,) = [d for d in docs if d["kind"] == "TriggerAuthentication"]
+    refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+    assert secrets[refs["username"]["name"]][refs["username"]["key"]] == "scaler"
+    assert "scaler" in USERS
 
 
 def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
