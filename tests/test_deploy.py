@@ -1358,3 +1358,61 @@ def test_the_compose_gateway_runs_as_the_coordinator_and_answers_its_probes(
         proc.terminate()
         assert proc.wait(60) == 0, log.read_text()
     assert acl_redis.denied() == []
+
+
+@pytest.mark.redis
+def test_start_sh_takes_each_line_of_a_secret_file_as_a_password(tmp_path: Path) -> None:
+    """Compose's rotation: while the secret file hookbus_<user>_password holds the old and the
+    new password, one per line, Redis takes both."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for user in USERS:
+        (secrets / f"hookbus_{user}_password").write_text(password(user) + "\n")
+    (secrets / "hookbus_hook-SecretGuard_password").write_text("old-pw\nnew-pw\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
+    env |= {"HOOKBUS_ACL_FILE": str(tmp_path / "r.acl"), "HOOKBUS_SECRETS_DIR": str(secrets)}
+    port = free_port()
+    proc = subprocess.Popen(
+        ["sh", str(REDIS_DIR / "start.sh"), "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    import redis
+
+    admin = redis.Redis(port=port, username="admin", password=password("admin"))
+
+    def up() -> bool:
+        assert proc.poll() is None, "start.sh exited"
+        try:
+            return bool(admin.ping())
+        except redis.RedisError:
+            return False
+
+    try:
+        until(up, "redis-server started by start.sh", timeout=20)
+        for secret in ("old-pw", "new-pw"):
+            client = redis.Redis(port=port, username="hook-SecretGuard", password=secret)
+            assert client.ping()
+            client.close()
+        (secrets / "hookbus_hook-SecretGuard_password").write_text("has a space\n")
+    finally:
+        admin.close()
+        stop_process(proc)
+    result = subprocess.run(["sh", str(REDIS_DIR / "start.sh"), "--port", str(free_port())],
+                            env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "start.sh: the password of Redis user hook-SecretGuard contains white space"
+    )
+
+
+@pytest.mark.redis
+def test_a_command_redis_refuses_is_one_line_naming_the_user_and_the_command(
+    acl_redis: AclRedis,
+) -> None:
+    """A NOPERM on a key (Redis 7.0 does not name the command then) is one line with the user
+    and the command, not a traceback."""
+    refused = hookbus(acl_redis.url("agent"), "tenants", "add", "acme", check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith("hookbus: Redis user agent may not run SADD ("), line
