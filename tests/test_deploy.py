@@ -617,6 +617,11 @@ def test_hookbus_acl_generates_users_for_any_prefix_hooks_and_tenants(
     )
     assert newer["default"] == lines["default"] and newer["admin"] == lines["admin"]
     assert main([*argv, "--redis-version", "6.2"]) == 2
+    # --explain: what each user is for, for people (every line a comment: not an ACL file).
+    assert main([*argv, "--explain"]) == 0
+    explained = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("#") or not line for line in explained)
+    assert "# user scaler on resetchannels -@all +ping %R~hb2:events:*" in "\n".join(explained)
     cancel = hook_user_of("workers.cancellation:RedisCancellationHook")
     assert cancel.capabilities == ("read-cancellations",)
     for bad in ("Bad Name", "Guard=maybe", "workers.nothere:X", "json:dumps"):

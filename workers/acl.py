@@ -97,7 +97,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "operator",
         "A person or a monitor (workers/operator.py, workers/replay.py: `hookbus hooks list`, "
         "`lag`, `events tail`, `dlq …`, `metrics`, `replay`, `cancel`, `tenants`, `repair`, "
-        "every --check; KEDA's redis-streams scaler): reads everything under the prefix; "
+        "every --check): reads everything under the prefix; "
         "writes only re-fed entries, dead letters (deletions, and the entries a repair takes "
         "out), cancellations (and lifts them: the only role that may), modes, tenants, the "
         "break-glass switch and the audit trail; `hookbus hooks remove`/`restore` (SET a "
