@@ -553,6 +553,10 @@ def test_kubernetes_passes_passwords_as_files_and_grants_pods_nothing_more() -> 
         (c,) = pod["containers"]
         env = {e["name"]: e for e in c["env"]}
         assert "HOOKBUS_REDIS_PASSWORD" not in env, file
+        for e in c["env"]:  # from a Secret into the environment: only a URL with no password
+            if ref := e.get("valueFrom", {}).get("secretKeyRef"):
+                value = secrets[ref["name"]][ref["key"]]
+                assert urllib.parse.urlsplit(value).password is None, (file, e["name"])
         path = Path(env["HOOKBUS_REDIS_PASSWORD_FILE"]["value"])
         (mount,) = [m for m in c["volumeMounts"] if path.parent == Path(m["mountPath"])]
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
