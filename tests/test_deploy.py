@@ -1265,7 +1265,8 @@ def test_on_a_cluster_the_generated_users_work_and_a_noperm_is_one_line(tmp_path
     """A Redis Cluster (one node, every slot): without --cluster, a cluster client may not
     find the nodes, and the operator's `hookbus tenants add` says so in one line naming the
     user and the command (it was a 40-line traceback ending in "Cluster mode is not enabled");
-    with --cluster (loaded with ACL LOAD), every user's cluster client works."""
+    with --cluster (set with --apply, through the cluster client), every user's cluster client
+    works."""
     import redis
     from redis.cluster import RedisCluster
 
@@ -1284,8 +1285,10 @@ def test_on_a_cluster_the_generated_users_work_and_a_noperm_is_one_line(tmp_path
         assert re.match(r"hookbus: Redis user operator may not run (CLUSTER SLOTS|COMMAND) ",
                         line), line  # fmt: skip
 
-        generate(aclfile, passwords, "--cluster")
-        assert server.admin.acl_load()
+        # --apply on a cluster sets every node (one here), as the admin user.
+        admin = f"redis+cluster://admin:{ADMIN}@127.0.0.1:{server.port}"
+        hookbus(admin, *make_acl_command(), "--password-dir", str(passwords), "--cluster",
+                "--apply")  # fmt: skip
         server.admin.xgroup_create(EVENTS, "g", id="0", mkstream=True)
         hookbus(url, "tenants", "add", "acme")
         for user in USERS:

@@ -61,8 +61,12 @@ def _apply(args: argparse.Namespace, text: str) -> int:
         commands.append([user, "reset", *_rule_args(rules)])
 
     async def work(redis: Any, *_: Any) -> int:
+        from redis.asyncio import RedisCluster
+
+        # ACL rules are per node: on a cluster, set them on every node (replicas too).
+        where = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(redis, RedisCluster) else {}
         for command in commands:
-            await redis.execute_command("ACL", "SETUSER", *command)
+            await redis.execute_command("ACL", "SETUSER", *command, **where)
         return len(commands)
 
     count = with_redis(args, work)
