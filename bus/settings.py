@@ -149,7 +149,10 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_SECRETS_DIR",
         "HOOKBUS_ACL_TEMPLATE",
         "HOOKBUS_ACL_FILE",
-        *(f"HOOKBUS_{role}_PASSWORD" for role in ("COORDINATOR", "AGENT", "OPERATOR")),
+        *(
+            f"HOOKBUS_{role}_PASSWORD"
+            for role in ("COORDINATOR", "AGENT", "OPERATOR", "SCALER", "ADMIN")
+        ),
     }
 )
 #: Left alone: names a test suite may use for itself.

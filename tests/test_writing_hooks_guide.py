@@ -308,7 +308,10 @@ def check_deployment_files(project: Path) -> None:
         assert merged["secrets"][secret] == {"environment": password_var(user)}, name
         assert env["HOOKBUS_HEALTH_PORT"] == stack["x-env"]["HOOKBUS_HEALTH_PORT"], name
         assert svc["healthcheck"]["test"] == stack["x-health"]["test"], name
-    assert set(merged["services"]["redis"]["secrets"]) == set(merged["secrets"])
+    passwords = {
+        s for s in merged["secrets"] if s.endswith("_password")
+    }  # not the gateway's tokens
+    assert set(merged["services"]["redis"]["secrets"]) == passwords
 
     # The Deployment validates, reads HookBus's ConfigMap and Secret, probes the health port.
     secret, deployment = k8s_objects(project)
@@ -318,13 +321,14 @@ def check_deployment_files(project: Path) -> None:
     assert build_parser().parse_args(container["args"]).hook == cmd[1]
     config = yaml.safe_load((K8S / "configmap.yaml").read_text())
     assert container["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]
-    (url,) = secret["stringData"].values()
-    assert url.startswith(f"redis://{USER}:CHANGE-ME@"), url  # its own user, like HookBus's
+    url = secret["stringData"]["redis-url"]
+    assert url.startswith(f"redis://{USER}@"), url  # its own user, like HookBus's, no password
     (guard,) = [
         d for d in yaml.safe_load_all((K8S / "secret.yaml").read_text())
         if d["metadata"]["name"] == "hookbus-hook-secret-guard"
     ]  # fmt: skip
-    assert guard["stringData"]["redis-url"].startswith("redis://hook-SecretGuard:CHANGE-ME@")
+    assert guard["stringData"]["redis-url"].startswith("redis://hook-SecretGuard@")
+    assert sorted(secret["stringData"]) == sorted(guard["stringData"])  # the password apart
     (ref,) = [v["valueFrom"]["secretKeyRef"] for v in container["env"] if "valueFrom" in v]
     assert ref == {"name": secret["metadata"]["name"], "key": "redis-url"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -433,13 +437,17 @@ def run_as_deployed(project: Path, tmp_path: Path) -> None:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         config = yaml.safe_load((K8S / "configmap.yaml").read_text())["data"]
         probe_port = free_port()
-        (url,) = secret["stringData"].values()
-        url = url.replace("CHANGE-ME", password(USER)).replace(
+        url = secret["stringData"]["redis-url"].replace(
             "@redis.example.internal:6379/", f"@127.0.0.1:{redis.port}/"
         )
-        assert url == redis.url(USER)
+        assert url == redis.url(USER).replace(f":{password(USER)}@", "@")
+        (mounted,) = [v for v in container["env"] if v["name"] == "HOOKBUS_REDIS_PASSWORD_FILE"]
+        password_file = tmp_path / "k8s-secret" / Path(mounted["value"]).name
+        password_file.parent.mkdir()
+        password_file.write_text(password(USER))  # the Secret's key, as Kubernetes mounts it
         env = {k: str(v) for k, v in config.items() if not k.startswith("OTEL_")}
         env |= {"HOOKBUS_HEALTH_PORT": str(probe_port), "HOOKBUS_REDIS_URL": url,
+                "HOOKBUS_REDIS_PASSWORD_FILE": str(password_file),
                 "OTEL_SERVICE_NAME": "acme-no-secrets"}  # fmt: skip
         procs.append(
             start(["hookbus", *container["args"]], app, clean_env(**env), tmp_path / "k8s.log")

@@ -4,8 +4,8 @@ credential the attacker would hold (a tenant's agent, a hook service, the truste
 
 The users: the shared roles (coordinator, agent, operator), hooks ``Guard`` (a sync hook that
 blocks), ``Rogue`` (the attacker's own sync hook), ``CancellationHook`` (the built-in) and
-``Tail`` (an async hook), and tenants ``acme`` (the attacker) and ``beta`` (the victim). Plus an
-``admin`` of the tests' own, only to set the scene and read ACL LOG. One server for the
+``Tail`` (an async hook), and tenants ``acme`` (the attacker) and ``beta`` (the victim). The
+generated ``admin`` user only sets the scene and reads ACL LOG. One server for the
 session; every test starts from an empty keyspace and an empty ACL LOG.
 """
 
@@ -51,14 +51,14 @@ class AclServer:
         self.acl = generated.stdout
         self.users = [line.split()[1] for line in self.acl.splitlines() if line.startswith("user ")]
         template = tmp / "users.acl"
-        template.write_text(self.acl + "user admin on ~* &* +@all\n")
+        template.write_text(self.acl)  # its admin user (password ADMIN) sets the scene
         self.port = free_port()
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")},
             "HOOKBUS_ACL_TEMPLATE": str(template),
             "HOOKBUS_ACL_FILE": str(tmp / "rendered.acl"),
             "HOOKBUS_SECRETS_DIR": str(tmp / "no-secrets"),
-            **{password_var(u): password(u) for u in [*self.users, "admin"] if u != "default"},
+            **{password_var(u): password(u) for u in self.users if u != "default"},
         }
         env[password_var("admin")] = ADMIN
         self.log = tmp / "redis.log"

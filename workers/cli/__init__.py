@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoPermissionError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
@@ -84,12 +84,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HookBusError as exc:
         print(f"hookbus: {exc}", file=sys.stderr)
         return 2
-    except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
-        print(f"hookbus: cannot reach Redis at {redis_url(args)}: {exc}", file=sys.stderr)
-        return 2
-    except RedisError as exc:
-        print(f"hookbus: Redis answered with an error: {exc}", file=sys.stderr)
+    except (RedisError, RedisClusterException) as exc:
+        if (denied := _denied(exc)) is not None:  # a NOPERM, however the client wrapped it
+            print(f"hookbus: {_denied_line(denied, redis_url(args))}", file=sys.stderr)
+        elif isinstance(exc, RedisConnectionError | RedisTimeoutError | RedisClusterException):
+            print(f"hookbus: cannot reach Redis at {redis_url(args)}: {exc}", file=sys.stderr)
+        else:
+            print(f"hookbus: Redis answered with an error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def _denied(exc: BaseException) -> NoPermissionError | None:
+    """The NOPERM behind ``exc``: itself, or what it was raised from (a cluster client that may
+    not run CLUSTER SLOTS says "Cluster mode is not enabled on this node")."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NoPermissionError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _denied_line(exc: NoPermissionError, url: str) -> str:
+    """One line: which Redis user may not run which command (from the message, or the
+    arguments of the redis-py call that sent it), and where to look."""
+    import re
+    import urllib.parse
+
+    user = urllib.parse.urlsplit(url).username or "default"
+    command = ""
+    if quoted := re.search(r"run the '([^']+)' command", str(exc)):
+        command = quoted.group(1)
+    tb = exc.__traceback__
+    while tb is not None:  # innermost last: the call that sent the command
+        sent = tb.tb_frame.f_locals.get("args")
+        if isinstance(sent, tuple) and sent and isinstance(sent[0], str | bytes) and not command:
+            words = [w.decode() if isinstance(w, bytes) else str(w) for w in sent[:2]]
+            command = " ".join(words) if words[0].upper() in _CONTAINERS else words[0]
+        tb = tb.tb_next
+    what = command.replace("|", " ").upper() or "a command"
+    return (
+        f"Redis user {user} may not run {what} ({exc}): its ACL rules lack it; generate them "
+        "with `hookbus acl` (--cluster on a Redis Cluster) and see docs/security.md"
+    )
+
+
+#: Commands whose first argument is a subcommand (ACL rules name them as COMMAND|SUB).
+_CONTAINERS = frozenset(
+    {
+        "CLUSTER",
+        "XINFO",
+        "XGROUP",
+        "CLIENT",
+        "CONFIG",
+        "ACL",
+        "SCRIPT",
+        "COMMAND",
+        "FUNCTION",
+        "OBJECT",
+        "MEMORY",
+    }
+)

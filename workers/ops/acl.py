@@ -1,10 +1,19 @@
 """The Redis ACL users of a HookBus deployment, generated from the list of hooks and tenants.
 
-``hookbus acl --hooks A,B --tenants t1,t2 [--prefix P]`` prints an ACL file (no passwords:
-deploy/redis/start.sh adds them, from ``HOOKBUS_<USER>_PASSWORD`` or secret files) with
+``hookbus acl --hooks A,B --tenants t1,t2 [--prefix P]`` writes an ACL file that redis-server
+loads as it is (``--aclfile``, ``ACL LOAD``: one ``user`` line per user, no comment or blank
+line, which Redis 7.0 refuses; ``--explain`` prints what each user is for). Its passwords:
+``--password-dir DIR`` reads each user's from ``DIR/<user>`` (one per line: two while rotating)
+and writes their SHA-256 hashes (``#…``); without it, none (deploy/redis/start.sh adds them from
+secret files). ``--redis-version 7.2`` adds ``+client|setinfo`` (7.0 does not know it),
+``--cluster`` the commands a cluster client needs (``CLUSTER``). ``--apply`` sets the users on a
+running Redis with ``ACL SETUSER`` (as the admin user), which, unlike ``ACL LOAD``, keeps every
+connection: the way to rotate a password without a restart (docs/security.md). The users:
 
-* the shared roles — ``coordinator`` (the coordinator service), ``agent`` (trusted agents that
-  embed ``HookClient``), ``operator`` (people and monitors);
+* the shared roles — ``coordinator`` (the coordinator service and the gateway), ``agent``
+  (trusted agents that embed ``HookClient``), ``operator`` (people and monitors), ``scaler``
+  (an autoscaler: reads the lag of groups, nothing else) and ``admin`` (Redis's administrator:
+  no HookBus process uses it);
 * one user ``hook-NAME`` per hook service, whose keys are only the hook's own
   (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 2 of
   bus/transport/keys.py), plus what every hook needs to answer (RPUSH into ``{p}:inbox:*``),
@@ -29,8 +38,10 @@ The rules are written for the prefix ``hookbus``; another prefix replaces ``hook
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from bus.errors import ConfigError
 from bus.hooks import AgentHook, AsyncAgentHook
@@ -59,7 +70,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "not answered over (XPENDING, XCLAIM … IDLE) and deletes its consumer; adds a tenant's "
         "cancellation of its own session (SADD, never removes). --check: ZRANGE "
         "hookbus:coordinators.",
-        "on resetchannels &hookbus:control -@all +ping +client|setinfo +time +subscribe "
+        "on resetchannels &hookbus:control -@all +ping +time +subscribe "
         "+unsubscribe %R~hookbus:hooks %R~hookbus:tenants %R~hookbus:hook:*:manifest "
         "%R~hookbus:modes %R~hookbus:hook:*:replicas %R~hookbus:hook:*:clocks "
         "%R~hookbus:session:*:hooks %R~hookbus:breakglass +hgetall +zcount +zrange +smembers "
@@ -77,7 +88,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "decisions partition and BLPOPs its inbox. Attaches hooks to its sessions, cancels "
         "sessions (SADD only: no agent lifts a cancellation). Reads Redis's clock and the "
         "replicas' clock offsets, as a coordinator does. Untrusted agents get a tenant user.",
-        "on resetchannels &hookbus:control -@all +ping +client|setinfo +time +subscribe "
+        "on resetchannels &hookbus:control -@all +ping +time +subscribe "
         "+unsubscribe +publish %R~hookbus:hooks %R~hookbus:hook:*:manifest %R~hookbus:modes "
         "%R~hookbus:hook:*:replicas %R~hookbus:hook:*:clocks %R~hookbus:breakglass +hgetall "
         "+smembers +zcount +zrange +get (%W~hookbus:events:* %W~hookbus:hook:*:requests "
@@ -87,10 +98,10 @@ ROLES: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "operator",
-        "A person or a monitor (workers/ops/: `hookbus hooks "
+        "A person or a monitor (workers/ops/operator.py, workers/ops/replay.py: `hookbus hooks "
         "list`, "
         "`lag`, `events tail`, `dlq …`, `metrics`, `replay`, `cancel`, `tenants`, `repair`, "
-        "every --check; KEDA's redis-streams scaler): reads everything under the prefix; "
+        "every --check): reads everything under the prefix; "
         "writes only re-fed entries, dead letters (deletions, and the entries a repair takes "
         "out), cancellations (and lifts them: the only role that may), modes, tenants, the "
         "break-glass switch and the audit trail; `hookbus hooks remove`/`restore` (SET a "
@@ -99,7 +110,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "Redis's clock (XDEL and XACK those entries, XSETID, XGROUP SETID, in MULTI/EXEC under "
         "WATCH); "
         "TIME: `worker --check` compares this host's clock with Redis's.",
-        "on resetchannels -@all +ping +client|setinfo +time +multi +exec +discard +unwatch "
+        "on resetchannels -@all +ping +time +multi +exec +discard +unwatch "
         "%R~hookbus:* +hgetall +hget +hexists +smembers +sismember +get +zrange +xrange "
         "+xrevrange +xread +xlen +xpending +xinfo|groups +xinfo|consumers +xinfo|stream "
         "(~hookbus:dlq +xdel) (~hookbus:hook:*:manifest +set +del) "
@@ -111,7 +122,35 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "~hookbus:hook:*:requests ~hookbus:hook:*:replay ~hookbus:dlq ~hookbus:audit +watch +xack "
         "+xdel +xsetid +xgroup|setid) (&hookbus:control +publish)",
     ),
+    (
+        "scaler",
+        "An autoscaler (KEDA's redis-streams and redis-cluster-streams scalers, "
+        "deploy/k8s/keda.yaml): reads how far each group is behind on the streams services "
+        "read (XINFO GROUPS for lagCount, XPENDING for pendingEntriesCount, XLEN for "
+        "streamLength) and nothing else: no entry, no key of another type, no write.",
+        "on resetchannels -@all +ping %R~hookbus:events:* %R~hookbus:decisions:* "
+        "%R~hookbus:t:*:decisions %R~hookbus:hook:*:requests %R~hookbus:audit "
+        "+xinfo|groups +xpending +xlen",
+    ),
+    (
+        "admin",
+        "The Redis administrator (the default user is off): ACL LOAD/SETUSER/LOG, CONFIG, INFO, "
+        "backups. Kept out of every HookBus process: a person uses it with redis-cli "
+        '(docs/security.md, "Administering Redis"), or `hookbus acl --apply` to change '
+        "passwords without a restart.",
+        "on resetchannels ~* &* +@all",
+    ),
 )
+
+#: Added to every user but ``default`` and ``admin`` by ``hookbus acl --redis-version 7.2``
+#: (the command exists from Redis 7.2; 7.0 refuses a file that names it): client libraries
+#: send it on connecting, and ignore its refusal, which ACL LOG would still record.
+SETINFO = "+client|setinfo"
+#: Added by ``hookbus acl --cluster``: what a cluster client sends besides the role's commands
+#: (redis-py: COMMAND, CLUSTER SLOTS; redis-py and go-redis newer: CLUSTER SHARDS; redis-rb:
+#: CLUSTER NODES; every client: ASKING while a slot migrates). Without them a client cannot
+#: find the cluster's nodes and fails with NOPERM.
+CLUSTER = "+command +cluster|slots +cluster|shards +cluster|nodes +asking"
 
 #: What a hook class may ask for beyond its own keys (``acl_capabilities = ("...",)``): a name
 #: the project vetted, never a raw rule. (what it is for, its rules)
@@ -123,7 +162,7 @@ CAPABILITIES: dict[str, tuple[str, str]] = {
     ),
 }
 
-_HOOK_ROOT = "on resetchannels &hookbus:control -@all +ping +client|setinfo +time +publish"
+_HOOK_ROOT = "on resetchannels &hookbus:control -@all +ping +time +publish"
 #: Every command a hook service runs on its own keys (workers/services/worker.py,
 #: workers/services/async_worker.py, bus/transport/retention.py, bus/transport/directory.py,
 #: workers/builtins/metrics.py): manifest, heartbeats, clock offsets, its request streams (sync) or
@@ -212,7 +251,7 @@ def tenant_rules(tenant: str) -> str:
     """The rules of one untrusted tenant's user (for the prefix ``hookbus``)."""
     t = check_tenant(tenant)
     return (
-        "on resetchannels -@all +ping +client|setinfo "
+        "on resetchannels -@all +ping "
         f"(%W~hookbus:t:{{{t}}}:decisions +xadd) (~hookbus:t:{{{t}}}:inbox:* +blpop +blmpop)"
     )
 
@@ -247,7 +286,7 @@ def _prefixed(rules: str, prefix: str) -> str:
 def users(
     hooks: Iterable[HookUser], tenants: Iterable[str], prefix: str = P
 ) -> list[tuple[str, str, str]]:
-    """(user, comment, rules) of every user, ``default`` (off) first."""
+    """(user, comment, rules) of every user, ``default`` (off) first. No passwords."""
     check_name("key prefix", prefix)
     out = [("default", "No anonymous access.", "off resetchannels -@all")]
     out += [(u, _prefixed(c, prefix), _prefixed(r, prefix)) for u, c, r in ROLES]
@@ -268,23 +307,72 @@ def users(
     return out
 
 
+@dataclass(frozen=True)
+class Options:
+    """How the rules are written for one server: ``setinfo`` (Redis >= 7.2), ``cluster`` (a
+    Redis Cluster), and each user's passwords (``passwords[user]``: every one valid, so that a
+    rotation can hold the old and the new at once), stored as SHA-256 hashes."""
+
+    setinfo: bool = False
+    cluster: bool = False
+    passwords: dict[str, tuple[str, ...]] | None = None
+
+
+def full_rules(user: str, rules: str, options: Options) -> str:
+    """``rules`` for this server, with the user's passwords as ``#<sha256>``."""
+    if user not in ("default", "admin"):
+        rules += f" {SETINFO}" if options.setinfo else ""
+        rules += f" {CLUSTER}" if options.cluster else ""
+    if options.passwords is not None and user != "default":
+        hashes = (hashlib.sha256(p.encode()).hexdigest() for p in options.passwords[user])
+        rules += "".join(f" #{h}" for h in hashes)
+    return rules
+
+
+def read_passwords(directory: str | Path, names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Each user's passwords from ``directory/<user>``: one per line (two while rotating)."""
+    out = {}
+    for user in names:
+        if user == "default":
+            continue
+        path = Path(directory) / user
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(
+                f"--password-dir: no password for Redis user {user}: {path}: {exc.strerror or exc}"
+            ) from None
+        passwords = tuple(line for line in lines if line)
+        if not passwords:
+            raise ConfigError(f"--password-dir: {path} is empty: write the user's password in it")
+        if any(c.isspace() for p in passwords for c in p):
+            raise ConfigError(f"--password-dir: a password in {path} contains white space")
+        out[user] = passwords
+    return out
+
+
 def render(
-    hooks: Sequence[HookUser], tenants: Sequence[str], prefix: str = P, command: str = ""
-) -> str:
-    """The ACL file (comment lines, which deploy/redis/start.sh drops, and one line per user)."""
-    head = [
-        "# Redis ACL users of a HookBus deployment (key layout 2, bus/transport/keys.py), "
-        "generated by",
-        f"#   {command or 'hookbus acl'}",
-        "# Do not edit: change the hooks or tenants and generate it again. No passwords here:",
-        "# deploy/redis/start.sh appends each user's (HOOKBUS_<USER>_PASSWORD, '-' and '.' as",
-        "# '_', or the secret file hookbus_<user>_password) and starts redis-server with it.",
-        "# Needs Redis >= 7.0 (selectors); start.sh drops `+client|setinfo` before 7.2.",
-        "# Who holds which credential, and what it can and cannot do: docs/security.md.",
+    hooks: Sequence[HookUser], tenants: Sequence[str], prefix: str = P,
+    options: Options = Options(),
+) -> str:  # fmt: skip
+    """The ACL file: one ``user`` line per user and nothing else (no comment, no blank line:
+    Redis's ``aclfile`` and ``ACL LOAD`` refuse both). ``explain`` says what each user is."""
+    lines = [
+        f"user {user} {full_rules(user, rules, options)}"
+        for user, _, rules in users(hooks, tenants, prefix)
     ]
-    lines = list(head)
+    return "\n".join(lines) + "\n"
+
+
+def explain(hooks: Sequence[HookUser], tenants: Sequence[str], prefix: str = P) -> str:
+    """What each user of ``render`` is for, as comments (for people: not a file Redis loads)."""
+    lines = [
+        "# Redis ACL users of a HookBus deployment (key layout 2, bus/transport/keys.py); who "
+        "holds which",
+        "# credential, and what it can and cannot do: docs/security.md.",
+    ]
     for user, comment, rules in users(hooks, tenants, prefix):
-        lines += ["", *_wrap(comment), f"user {user} {rules}"]
+        lines += ["", *_wrap(comment), f"# user {user} {rules}"]
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,10 @@ One POST, one request, one decision:
     would): its next tool call is blocked, wherever it runs. 200 ``{"cancelled": "<tenant>/id"}``.
 ``GET /healthz``
     200 while Redis answers, else 503.
+``GET /livez``, ``GET /readyz``
+    The probes of every HookBus service (workers/services/probes.py): ``/livez`` 200 while the
+    process answers, Redis not asked; ``/readyz`` as ``/healthz``, and 503 until the hook directory
+    has been read.
 
 Every POST needs ``Authorization: Bearer <token>``. The token file holds one ``tenant:sha256``
 line per token (the hex SHA-256 of the token, never the token itself); it is read again when it
@@ -576,6 +580,16 @@ def app(gateway: Gateway) -> Starlette:
     async def health(request: Request) -> Response:
         return respond(await gateway.health())
 
+    # The services' probe convention (workers/services/probes.py): /livez asks nothing of Redis (an
+    # outage restarts no pod); /readyz as /healthz, and not before the hook directory is read.
+    async def livez(request: Request) -> Response:
+        return Response(b"ok\n", 200, media_type="text/plain")
+
+    async def readyz(request: Request) -> Response:
+        if (why := gateway.coordinator.not_deciding()) is not None:
+            return respond(_json(503, {"status": "unavailable", "error": why}))
+        return respond(await gateway.health())
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         await gateway.coordinator.start()
@@ -600,6 +614,8 @@ def app(gateway: Gateway) -> Starlette:
             Route("/claude-code", claude_code, methods=["POST"]),
             Route("/v1/sessions/{session_id:path}/cancel", cancel, methods=["POST"]),
             Route("/healthz", health, methods=["GET"]),
+            Route("/livez", livez, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
         ],
         lifespan=lifespan,
     )
