@@ -465,8 +465,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hooks_remove = add_redis_options(
         hooks_sub.add_parser(
             "remove",
-            help="retire a hook for good, safe while its replicas run: coordinators stop "
-            "selecting it, its replicas stop, new ones refuse to serve it",
+            help="retire a hook, safe while its replicas run: coordinators stop selecting it; "
+            "its sync replicas stay up idle (ready, answering nothing; async ones exit 0), "
+            "until `hooks restore`",
         )
     )
     hooks_remove.add_argument("name", help="the hook's name")
