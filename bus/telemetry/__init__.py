@@ -5,16 +5,6 @@ them over OTLP/HTTP from a thread of its own.
 names not found here are looked up in ``tracing``.
 """
 
-import importlib
-from typing import Any
+from bus.lazy import names_of
 
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("_"):
-        raise AttributeError(name)
-    try:  # a submodule not imported yet (``from bus.telemetry import tracing``)
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-    return getattr(importlib.import_module(f"{__name__}.tracing"), name)
+__getattr__ = names_of(__name__, "tracing")

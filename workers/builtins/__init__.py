@@ -6,16 +6,6 @@ hooks (``cancellation``, ``audit``, ``metrics``, ``redaction``, ``demo_hooks``).
 works: names not found here are looked up in ``embedded``.
 """
 
-import importlib
-from typing import Any
+from bus.lazy import names_of
 
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("_"):
-        raise AttributeError(name)
-    try:  # a submodule not imported yet (``from workers.builtins import embedded``)
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise
-    return getattr(importlib.import_module(f"{__name__}.embedded"), name)
+__getattr__ = names_of(__name__, "embedded")
