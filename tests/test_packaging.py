@@ -33,6 +33,8 @@ def test_an_installed_hookbus_ships_py_typed_in_every_package(tmp_path: Path) ->
         cwd=src, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
-    assert (site / "bus" / "telemetry.py").is_file()
+    # every subpackage is found, not only the top-level ones
+    assert (site / "bus" / "telemetry" / "tracing.py").is_file()
+    assert (site / "workers" / "services" / "gateway.py").is_file()
     for package in PACKAGES:
         assert (site / package / "py.typed").is_file(), f"{package}/py.typed is not installed"
