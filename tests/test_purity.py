@@ -13,6 +13,7 @@ for type checking or not; and no two modules import each other, however far roun
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,15 @@ def test_a_long_module_says_why(path: Path) -> None:
 def test_the_command_line_lives_with_the_services() -> None:
     assert not (ROOT / "bus" / "cli.py").exists() and not (ROOT / "bus" / "testing.py").exists()
     assert (ROOT / "workers" / "cli" / "__init__.py").exists()
+
+
+def test_readme_lists_the_rooms_in_the_order_imports_may_go() -> None:
+    """README's Layout table names every room, in the order of the floors above."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Layout") : readme.index("## Benchmarks")]
+    rows = re.findall(r"^\| `([a-z_/.]+?)/?` \|", table, re.M)
+    rooms = [r.removesuffix(".py").replace("/", ".") for r in rows]
+    named = [r for r in rooms if r in FLOORS or r == "workers.testing"]
+    floors = [FLOORS.get(r, FLOORS["workers"]) for r in named]
+    assert floors == sorted(floors), named
+    assert set(FLOORS) - {"workers", "agent_adapter.integrations"} <= set(named), named
