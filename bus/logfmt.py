@@ -18,6 +18,11 @@ pass for a record (a record begins in the first column). Every
 
 Why not escape at each call site (``%r``): a call site that forgets is a hole, and an
 exception's message is formatted by whoever raised it; one formatter covers every line.
+
+``HOOKBUS_LOG_FORMAT=json`` (``formatter("json")``) writes each record as one JSON object per
+line instead, for log pipelines: python-json-logger's formatter, with every non-ASCII and
+control character escaped by the JSON encoder (``\n``, ``\u2028``, ``\u001b``), so a quoted
+value can neither break the line nor pass for a field; a traceback is the ``exc_info`` field.
 """
 
 from __future__ import annotations
@@ -53,6 +58,25 @@ def _block(text: str) -> str:
     """A traceback or stack: its own line breaks kept, every line indented and escaped."""
     text = _UNSAFE_IN_BLOCK.sub(_escape, text.rstrip("\n"))
     return "\n".join("    " + line for line in text.split("\n"))
+
+
+#: Each record's fields in JSON mode (python-json-logger reads them from the format string).
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
+FORMATS = ("text", "json")
+
+
+def formatter(kind: str, text_format: str) -> logging.Formatter:
+    """The formatter of a ``hookbus`` process: ``text`` (one escaped line, :class:`LineFormatter`
+    with ``text_format``) or ``json`` (one JSON object per line)."""
+    if kind == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        return JsonFormatter(JSON_FIELDS, json_ensure_ascii=True)
+    if kind != "text":
+        from bus.errors import ConfigError
+
+        raise ConfigError(f"HOOKBUS_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {kind!r}")
+    return LineFormatter(text_format)
 
 
 class LineFormatter(logging.Formatter):

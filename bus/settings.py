@@ -139,6 +139,7 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_MAX_OUTPUT_CHARS",
         "HOOKBUS_AUDIT_DB",
         "HOOKBUS_HEALTH_PORT",
+        "HOOKBUS_LOG_FORMAT",
         "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY",
         # The HTTP gateway (workers/services/gateway.py) and the Claude Code command hook
         # (workers/integrations/command_hook.py): docs/integrations.md.

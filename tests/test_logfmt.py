@@ -58,3 +58,43 @@ def test_a_traceback_is_not_cached_on_the_record_for_other_handlers() -> None:
     LineFormatter().format(record)
     assert record.exc_text is None
     assert logging.Formatter().format(record).split("\n")[1] == "Traceback (most recent call last):"
+
+
+def test_json_mode_writes_one_object_per_record_whatever_it_quotes() -> None:
+    """HOOKBUS_LOG_FORMAT=json: every record one line of JSON; what it quotes round-trips, and
+    no control or line-separating character is written as itself."""
+    import json
+
+    from bus.logfmt import formatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter("json", "unused"))
+    logger = logging.Logger("t")
+    logger.addHandler(handler)
+    hostile = f"s1\n{FORGED}\r\x1b[31m\u2028\u202e\x85"
+    logger.warning("session %s blocked", hostile)
+    try:
+        raise ValueError(f"bad\n{FORGED}")
+    except ValueError:
+        logger.exception("hook failed on %s", hostile)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    first, second = map(json.loads, lines)
+    assert first["message"] == f"session {hostile} blocked" and first["levelname"] == "WARNING"
+    assert second["exc_info"].endswith(f"ValueError: bad\n{FORGED}")
+    assert all(ord(c) < 0x7F and c.isprintable() for c in stream.getvalue().replace("\n", ""))
+
+
+def test_an_unknown_log_format_is_one_line_and_exit_2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HOOKBUS_LOG_FORMAT": "xml"}
+    proc = subprocess.run([sys.executable, "-m", "workers.cli", "hooks", "list"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert proc.returncode == 2, proc
+    assert proc.stderr.strip().splitlines() == [
+        "hookbus: HOOKBUS_LOG_FORMAT must be one of text, json, not 'xml'"
+    ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +22,7 @@ from redis.exceptions import NoPermissionError, RedisClusterException, RedisErro
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
-from bus.logfmt import LineFormatter
+from bus.logfmt import formatter
 from workers.cli import check, deploy, operate, schema, serve
 from workers.cli.common import redis_url
 
@@ -77,7 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     handler = logging.StreamHandler()  # every line one line, whatever it quotes: bus/logfmt.py
-    handler.setFormatter(LineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    kind = os.environ.get("HOOKBUS_LOG_FORMAT", "text")
+    try:
+        handler.setFormatter(formatter(kind, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    except HookBusError as exc:
+        print(f"hookbus: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     try:
         code: int = args.func(args)
