@@ -755,3 +755,161 @@ class Policy(AgentHook):
     async def on_permission_request(self, ctx: PermissionRequestContext) -> PermissionRequestAction:
         answer: PermissionRequestAction = self.decide("PermissionRequest", ctx)
         return answer
+
+
+# -- linting ---------------------------------------------------------------------------------
+
+_OPPOSITE = {
+    "CATEGORY_SPACE": "CATEGORY_NOT_SPACE",
+    "CATEGORY_DIGIT": "CATEGORY_NOT_DIGIT",
+    "CATEGORY_WORD": "CATEGORY_NOT_WORD",
+}
+
+
+def _shape(items: Any) -> tuple[bool, int]:
+    """(never matches, least width) of a parsed pattern's sequence (``re._parser``'s tree; its
+    syntax is a superset of RE2's for what this looks at): an anchor ``^`` after something
+    that consumes, ``$`` before it, a class that excludes everything."""
+    width, never, after_end = 0, False, False
+    for op, arg in items:
+        name = str(op)
+        least = 0
+        if name in ("LITERAL", "NOT_LITERAL", "ANY"):
+            least = 1
+        elif name == "IN":
+            least = 1
+            cats = {str(a) for o, a in arg if str(o) == "CATEGORY"}
+            negated = any(str(o) == "NEGATE" for o, _ in arg)
+            if negated and any(_OPPOSITE.get(c) in cats for c in cats):
+                never = True
+        elif name == "AT":
+            if str(arg) in ("AT_BEGINNING", "AT_BEGINNING_STRING") and width:
+                never = True
+            if str(arg) in ("AT_END", "AT_END_STRING"):
+                after_end = True
+        elif name == "SUBPATTERN":
+            sub_never, least = _shape(arg[-1])
+            never = never or sub_never
+        elif name == "BRANCH":
+            shapes = [_shape(b) for b in arg[1]]
+            live = [w for n, w in shapes if not n]
+            never = never or not live
+            least = min(live) if live else 0
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            low, _, sub = arg
+            sub_never, sub_least = _shape(sub)
+            never = never or (low > 0 and sub_never)
+            least = low * sub_least
+        if after_end and least:
+            never = True
+        width += least
+    return never, width
+
+
+def never_matches(pattern: str) -> bool:
+    """Whether a pattern can match no text at all (``a^b``, ``$x``, ``[^\\s\\S]``): a check for
+    ``policy check``, on what it can see (not a proof: False means "not known to")."""
+    import re._parser as sre  # type: ignore[import-not-found]
+
+    if "(?m" in pattern or "(?s" in pattern:
+        return False
+    try:
+        return _shape(sre.parse(pattern))[0]
+    except Exception:
+        return False
+
+
+def _covers_tool(a: ToolPattern, b: ToolPattern) -> bool:
+    """Whether every call ``b`` matches, ``a`` matches too (when it can tell)."""
+    if a.name.kind == "wildcard" and not a.kind:
+        return True
+    if a.kind and (a.kind, a.spec) != (b.kind, b.spec):
+        if not (a.kind == "prefix" and b.kind in ("prefix", "command")):
+            return False
+        if not (b.spec == a.spec or b.spec.startswith(a.spec + " ")):
+            return False
+    if a.name.kind == "wildcard":
+        return True
+    if a.name.kind == "exact":
+        return b.name.kind == "exact" and b.name.value == a.name.value
+    return b.name.kind != "wildcard" and b.name.value.startswith(a.name.value)
+
+
+def covers(a: Rule, b: Rule) -> bool:
+    """Whether ``a`` decides every event ``b`` would match before ``b`` can (so ``b`` never
+    decides anything): ``a`` is a first-match rule that ranks before ``b``, on all of ``b``'s
+    events, with no condition ``b`` does not have."""
+    if a.decision not in FIRST_MATCH:
+        return False
+    if b.decision in FIRST_MATCH:
+        rank_a, rank_b = FIRST_MATCH.index(a.decision), FIRST_MATCH.index(b.decision)
+        if rank_a > rank_b or (rank_a == rank_b and a.index > b.index):
+            return False
+    elif not (b.decision == "rewrite" and a.decision in ("deny", "ask")):
+        return False  # a redaction is never pre-empted; a rewrite only by deny and ask
+    if not set(b.events) <= set(a.events):
+        return False
+    if a.tenants is not None and (b.tenants is None or not b.tenants <= a.tenants):
+        return False
+    if not set(a.session) <= set(b.session):
+        return False
+    if a.args or a.any_arg is not None or a.output is not None:
+        same = [(k, p.pattern) for k, p in a.args] == [(k, p.pattern) for k, p in b.args][
+            : len(a.args)
+        ]
+        pat = lambda r: r.pattern if r is not None else None  # noqa: E731
+        if not same or pat(a.any_arg) not in (None, pat(b.any_arg)):
+            return False
+        if pat(a.output) not in (None, pat(b.output)):
+            return False
+    if not a.tools:
+        return True
+    if a.decision in ("allow", "context") and any(t.kind for t in a.tools):
+        return False  # "every part of the command" is not containment
+    return bool(b.tools) and all(any(_covers_tool(t, u) for t in a.tools) for u in b.tools)
+
+
+def lint(rules: Rules) -> list[str]:
+    """What ``policy check`` reports beyond what loading refuses: rules that can never decide
+    (an earlier or stronger rule decides all they match), patterns that can never match."""
+    problems = []
+    for b in rules.rules:
+        where = f"rule {b.index + 1} ({b.name})"
+        for a in rules.rules:
+            if a is not b and covers(a, b):
+                problems.append(
+                    f"{where}: unreachable: rule {a.index + 1} ({a.name}, {a.decision}) decides "
+                    f"every call it matches first"
+                )
+                break
+        patterns = [(f"args.{k}", p) for k, p in b.args]
+        patterns += [("any_arg", b.any_arg), ("output", b.output)]
+        patterns += [(f"rewrite.{k}", p) for k, p, _ in b.rewrite]
+        for key, pattern in patterns:
+            if pattern is not None and never_matches(pattern.pattern):
+                problems.append(f"{where}: {key} {pattern.pattern!r} can never match anything")
+        if b.output is not None and not set(b.events) & {"PostToolUse", "PostToolUseFailure"}:
+            problems.append(
+                f"{where}: output can never match: {', '.join(b.events)} carries no output"
+            )
+        for tenant in sorted(b.tenants or ()):
+            if not tenant or not set(tenant) <= TENANT_CHARS:
+                problems.append(
+                    f"{where}: tenant {tenant!r} can never match (a tenant is letters, digits, "
+                    "_ and -)"
+                )
+        for tool in b.tools:
+            if tool.kind == "path" and tool.spec.rstrip("/").endswith("/.."):
+                problems.append(f"{where}: {tool.text} can never match (a path ends in a name)")
+            if tool.kind in ("prefix", "command") and not tool.spec:
+                problems.append(f"{where}: {tool.text} has an empty command")
+    return problems
+
+
+def check_file(path: str) -> list[str]:
+    """Every problem of the rules file ``path``, one line each (empty: none)."""
+    try:
+        rules = load_rules(path)
+    except PolicyError as exc:
+        return exc.problems
+    return lint(rules)
