@@ -47,7 +47,8 @@ one line: logged as an error, kept in ``Policy.last_error``, and counted
 (``Policy.reload_failures``, metric ``hookbus.policy.reload_failures``).
 ``hookbus policy check FILE`` lints a file; ``hookbus policy test FILE PAYLOAD.json`` shows what
 each rule decides for one event, without Redis. The file's JSON Schema is
-``docs/schema/policy.schema.json``.
+``docs/schema/policy/policy.schema.json`` (in a folder of its own:
+the protocol's schemas beside it are generated, and checked for files they do not make).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ RULE_KEYS = frozenset(
      "tenants", "session", "reason", "context", "rewrite"}
 )  # fmt: skip
 TOP_KEYS = frozenset({"version", "paths", "rule"})
-PATH_KEYS = frozenset({"case", "args", "command_args"})
+PATH_KEYS = frozenset({"case"})
 #: Arguments holding a path (Claude Code's Read/Write/Edit: file_path; NotebookEdit:
 #: notebook_path; the reference runtime's file_*: path), and a shell command.
 PATH_ARGS = ("file_path", "path", "notebook_path")
