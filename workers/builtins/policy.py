@@ -13,14 +13,14 @@ decides::
 Decisions, and what each answers (``bus/actions.py``):
 
 ==========  =============================  ==================================================
-decision    events (default first)         answer
+decision    events (the default first)     answer
 ==========  =============================  ==================================================
 deny        PreToolUse, PermissionRequest  Block(reason) / Override(Deny)
 ask         PreToolUse, PermissionRequest  PermissionRequired / Override(Ask)
 allow       PermissionRequest              Override(Allow)
 context     PermissionRequest              InjectContext(context)
 rewrite     PreToolUse                     MutateInput: ``rewrite = {arg = [regex, replacement]}``
-redact      PostToolUse, …Failure          MutateOutput: every match of ``output`` → [redacted]
+redact      PostToolUse(Failure) (both)    MutateOutput: every match of ``output`` → [redacted]
 ==========  =============================  ==================================================
 
 On one event deny outranks ask, ask outranks allow, allow outranks context (Claude Code's
@@ -100,7 +100,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "rewrite": ("PreToolUse",),
     "redact": ("PostToolUse", "PostToolUseFailure"),
 }
-DEFAULT_EVENTS = {d: (e[0],) for d, e in EVENTS.items()}
+DEFAULT_EVENTS = {d: e if d == "redact" else (e[0],) for d, e in EVENTS.items()}
 #: Decisions where the first matching rule decides (in this order of precedence).
 FIRST_MATCH = ("deny", "ask", "allow", "context")
 RULE_KEYS = frozenset(
