@@ -517,3 +517,57 @@ def test_the_schema_describes_what_the_code_reads() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
     assert os.path.basename(SCHEMA) == "policy.schema.json"
+
+
+ALLOW_LS = """
+[[rule]]
+name = "ls-is-fine"
+decision = "allow"
+tools = ["Bash(ls:*)"]
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "LD_PRELOAD=/tmp/x.so ls",  # an assignment runs other code
+        "/tmp/evil/ls",  # another program called ls
+        "sudo ls",
+        "ls > /etc/motd",  # a redirection writes
+        "ls < /dev/tcp/x/1",
+        "ls $(rm -rf x)",
+        "ls `rm -rf x`",
+        "ls; rm x",
+        "lsblk",
+    ],
+)
+def test_allow_sees_a_command_as_written(tmp_path: Path, command: str) -> None:
+    hook = policy(tmp_path, ALLOW_LS)
+    result = run(hook, "PermissionRequest", tool_name="Bash", tool_args={"command": command})
+    assert result.overridden_by is None, command
+    fine = run(hook, "PermissionRequest", tool_name="Bash", tool_args={"command": "ls  -la src"})
+    assert fine.action.decision == PermissionDecision.ALLOW
+
+
+def test_every_path_a_call_names_is_matched(tmp_path: Path) -> None:
+    """MCP's filesystem server takes several paths (read_multiple_files: paths; move_file:
+    source and destination): a secret among them is found."""
+    hook = policy(
+        tmp_path, '[[rule]]\nname = "env"\ndecision = "deny"\ntools = ["mcp__*(*.env)"]\n'
+    )
+    for args in (
+        {"paths": ["README.md", "app/../.env"]},
+        {"source": "x/.env", "destination": "y.txt"},
+        {"source": "y.txt", "destination": ".env"},
+    ):
+        result = run(hook, "PreToolUse", tool_name="mcp__filesystem__read", tool_args=args)
+        assert result.action.reason == "policy rule env: mcp__filesystem__read is denied", args
+    benign = {"paths": ["README.md", "src/env.py"]}
+    assert not run(hook, "PreToolUse", tool_name="mcp__fs__read", tool_args=benign).is_blocked
+
+
+def test_a_rewrite_of_a_nested_argument_is_refused() -> None:
+    text = '[[rule]]\nname = "r"\ndecision = "rewrite"\nrewrite = { "a.b" = ["x", "y"] }\n'
+    with pytest.raises(PolicyError) as refused:
+        parse_rules(tomllib.loads(text))
+    assert refused.value.problems == ["rule 1 (r): rewrite.a.b: only top-level arguments"]

@@ -53,6 +53,7 @@ the protocol's schemas beside it are generated, and checked for files they do no
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import posixpath
@@ -110,8 +111,9 @@ RULE_KEYS = frozenset(
 TOP_KEYS = frozenset({"version", "paths", "rule"})
 PATH_KEYS = frozenset({"case"})
 #: Arguments holding a path (Claude Code's Read/Write/Edit: file_path; NotebookEdit:
-#: notebook_path; the reference runtime's file_*: path), and a shell command.
-PATH_ARGS = ("file_path", "path", "notebook_path")
+#: notebook_path; the reference runtime's file_* and MCP's filesystem server: path, paths,
+#: source, destination), and a shell command.
+PATH_ARGS = ("file_path", "path", "notebook_path", "paths", "source", "destination")
 COMMAND_ARGS = ("command", "cmd")
 #: Tools whose ``Tool(spec)`` is a command (a prefix with ``:*``); any other tool's is a path glob.
 SHELL_TOOLS = ("Bash", "run_shell", "shell", "PowerShell")
@@ -185,20 +187,24 @@ _SEPARATORS = re2.compile(r"\|\||&&|[;|&\n]|\$\(|`|\)")
 _ASSIGNMENT = re2.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
 
 
-def simple_commands(command: str) -> list[str]:
-    """A shell line's simple commands, each with whitespace collapsed, leading ``VAR=value``
-    assignments dropped and its program's directory dropped (``/bin/rm`` → ``rm``): what
-    ``Bash(prefix:*)`` is matched against. Over-splitting (a ``;`` inside quotes) only makes
-    a deny match more, never less."""
+def simple_commands(command: str, loose: bool = True) -> list[str]:
+    """A shell line's simple commands (split at ``;``, ``&&``, ``||``, ``|``, ``&``, newlines,
+    ``$(``, backticks), each with whitespace collapsed: what ``Bash(prefix:*)`` is matched
+    against. ``loose`` (for deny and ask, where matching more is safe) also drops leading
+    ``VAR=value`` assignments, ``sudo``-like wrappers and the program's directory (``/bin/rm``
+    → ``rm``); allow and context rules see each command as written, since ``LD_PRELOAD=x ls``
+    or ``/tmp/ls`` is not ``ls``. Over-splitting (a ``;`` inside quotes) only makes a deny match
+    more, and an allow less."""
     found = []
     for part in _SEPARATORS.split(command):
         words = part.split()
-        while words and _ASSIGNMENT.match(words[0]):
+        while loose and words and _ASSIGNMENT.match(words[0]):
             words.pop(0)
-        if words and words[0] in ("sudo", "exec", "command", "nohup", "time"):
+        if loose and words and words[0] in ("sudo", "exec", "command", "nohup", "time", "env"):
             words.pop(0)
-        if words:
+        if loose and words:
             words[0] = posixpath.basename(words[0]) or words[0]
+        if words:
             found.append(" ".join(words))
     return found
 
@@ -281,18 +287,30 @@ class ToolPattern:
         if not self.kind:
             return True
         if self.kind == "path":
-            paths = [v for k in PATH_ARGS if isinstance(v := args.get(k), str)]
-            return any(self.compiled.search(norm_path(p, cwd, fold)) for p in paths)
+            paths = [norm_path(p, cwd, fold) for p in path_values(args)]
+            hit = [bool(self.compiled.search(p)) for p in paths]
+            return bool(hit) and (all(hit) if all_ else any(hit))
         commands = [v for k in COMMAND_ARGS if isinstance(v := args.get(k), str)]
-        if not commands:
-            return False
-        parts = [c for command in commands for c in simple_commands(command)]
+        parts = [c for command in commands for c in simple_commands(command, loose=not all_)]
         if self.kind == "prefix":
-            hit = [p == self.spec or p.startswith(self.spec + " ") or (
-                self.spec.endswith(" ") and p.startswith(self.spec)) for p in parts]  # fmt: skip
+            hit = [p == self.spec or p.startswith(self.spec + " ") for p in parts]
         else:
             hit = [p == self.spec for p in parts]
+        if all_:  # an allowed command may not redirect its output or input anywhere
+            hit = [h and not any(c in p for c in "<>") for h, p in zip(hit, parts, strict=True)]
         return bool(hit) and (all(hit) if all_ else any(hit))
+
+
+def path_values(args: Mapping[str, Any]) -> list[str]:
+    """The paths a tool call names: each of ``PATH_ARGS``, a string or a list of strings."""
+    found = []
+    for key in PATH_ARGS:
+        value = args.get(key)
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list):
+            found.extend(v for v in value if isinstance(v, str))
+    return found
 
 
 @dataclass(frozen=True)
@@ -384,9 +402,9 @@ def _rule(raw: Any, index: int, where: str, fold: bool) -> Rule:
         for k in sorted(set(raw) - RULE_KEYS)
     ]
 
-    def check(step: Callable[[], Any], default: Any = None) -> Any:
+    def check(step: Callable[..., Any], *given: Any, default: Any = None) -> Any:
         try:
-            return step()
+            return step(*given)
         except ValueError as exc:
             problems.append(str(exc))
             return default
@@ -403,31 +421,31 @@ def _rule(raw: Any, index: int, where: str, fold: bool) -> Rule:
         decision = "deny"
     events = tuple(DEFAULT_EVENTS[decision])
     if "events" in raw:
-        events = tuple(check(lambda: _strings(raw["events"], f"{where}: events"), []))
+        events = tuple(check(_strings, raw["events"], f"{where}: events", default=[]))
         for event in events:
             if event not in EVENTS[decision]:
                 problems.append(
                     f"{where}: a {decision} rule cannot answer {event} "
                     f"(it can: {', '.join(EVENTS[decision])})"
                 )
+    given_tools = (
+        check(_strings, raw["tools"], f"{where}: tools", default=[]) if "tools" in raw else []
+    )
     tools = tuple(
-        check(lambda t=t, n=n: ToolPattern.parse(t, fold, f"{where}: tools[{n}]"))
-        for n, t in enumerate(check(lambda: _strings(raw["tools"], f"{where}: tools"), []))
-    ) if "tools" in raw else ()  # fmt: skip
+        check(ToolPattern.parse, t, fold, f"{where}: tools[{n}]") for n, t in enumerate(given_tools)
+    )
     args: list[tuple[str, Any]] = []
     if "args" in raw:
         if not isinstance(raw["args"], dict) or not raw["args"]:
             problems.append(f"{where}: args must be a table of argument = pattern")
         else:
             for key, pattern in raw["args"].items():
-                args.append((key, check(lambda k=key, p=pattern: regex(p, f"{where}: args.{k}"))))
-    any_arg = (
-        check(lambda: regex(raw["any_arg"], f"{where}: any_arg")) if "any_arg" in raw else None
-    )
-    output = check(lambda: regex(raw["output"], f"{where}: output")) if "output" in raw else None
+                args.append((key, check(regex, pattern, f"{where}: args.{key}")))
+    any_arg = check(regex, raw["any_arg"], f"{where}: any_arg") if "any_arg" in raw else None
+    output = check(regex, raw["output"], f"{where}: output") if "output" in raw else None
     tenants = None
     if "tenants" in raw:
-        tenants = frozenset(check(lambda: _strings(raw["tenants"], f"{where}: tenants"), []))
+        tenants = frozenset(check(_strings, raw["tenants"], f"{where}: tenants", default=[]))
     session: list[tuple[str, tuple[str, ...]]] = []
     if "session" in raw:
         if not isinstance(raw["session"], dict) or not raw["session"]:
@@ -461,7 +479,10 @@ def _rule(raw: Any, index: int, where: str, fold: bool) -> Rule:
                 if not ok:
                     problems.append(f"{where}: rewrite.{key} must be [regex, replacement]")
                     continue
-                compiled = check(lambda k=key, p=pair: regex(p[0], f"{where}: rewrite.{k}"))
+                if "." in key:
+                    problems.append(f"{where}: rewrite.{key}: only top-level arguments")
+                    continue
+                compiled = check(regex, pair[0], f"{where}: rewrite.{key}")
                 rewrite.append((key, compiled, pair[1]))
     elif "rewrite" in raw:
         problems.append(f"{where}: rewrite is for rewrite rules")
@@ -607,8 +628,8 @@ def _redact(pattern: Any) -> Callable[[str], str]:
 
     def change(text: str) -> str:
         if keep:
-            return pattern.sub(lambda m: (m.group("keep") or "") + MARK, text)
-        return pattern.sub(MARK, text)
+            return str(pattern.sub(lambda m: (m.group("keep") or "") + MARK, text))
+        return str(pattern.sub(MARK, text))
 
     return change
 
@@ -630,7 +651,7 @@ def decide(rules: Rules, event: str, ctx: Any) -> tuple[Any, list[tuple[Rule, st
         for rule in rewrites:
             for key, pattern, with_ in rule.rewrite:
                 found, value = _lookup(args, key)
-                if found and isinstance(value, str) and "." not in key:
+                if found and isinstance(value, str):
                     args[key] = pattern.sub(with_, value)
             said.append(rule.said(rule.context or "the arguments were rewritten"))
         if args != dict(ev.args):
@@ -671,6 +692,7 @@ def _answer(rule: Rule, ev: Event) -> Any:
 # -- the hook --------------------------------------------------------------------------------
 
 
+@functools.cache
 def _counter() -> Any:
     from opentelemetry import metrics
 
@@ -836,6 +858,10 @@ def _covers_tool(a: ToolPattern, b: ToolPattern) -> bool:
     return b.name.kind != "wildcard" and b.name.value.startswith(a.name.value)
 
 
+def _source(pattern: Any) -> str | None:
+    return None if pattern is None else str(pattern.pattern)
+
+
 def covers(a: Rule, b: Rule) -> bool:
     """Whether ``a`` decides every event ``b`` would match before ``b`` can (so ``b`` never
     decides anything): ``a`` is a first-match rule that ranks before ``b``, on all of ``b``'s
@@ -858,10 +884,9 @@ def covers(a: Rule, b: Rule) -> bool:
         same = [(k, p.pattern) for k, p in a.args] == [(k, p.pattern) for k, p in b.args][
             : len(a.args)
         ]
-        pat = lambda r: r.pattern if r is not None else None  # noqa: E731
-        if not same or pat(a.any_arg) not in (None, pat(b.any_arg)):
+        if not same or _source(a.any_arg) not in (None, _source(b.any_arg)):
             return False
-        if pat(a.output) not in (None, pat(b.output)):
+        if _source(a.output) not in (None, _source(b.output)):
             return False
     if not a.tools:
         return True
