@@ -571,3 +571,19 @@ def test_a_rewrite_of_a_nested_argument_is_refused() -> None:
     with pytest.raises(PolicyError) as refused:
         parse_rules(tomllib.loads(text))
     assert refused.value.problems == ["rule 1 (r): rewrite.a.b: only top-level arguments"]
+
+
+def test_a_dryrun_answer_names_its_rule_for_the_audit_log(tmp_path: Path) -> None:
+    """What a ``dryrun`` (or ``warn``) policy held back is recorded as its detail, in the
+    result's ``shadowed``, the audit trail and the span: the rule is named there too."""
+    path = tmp_path / "rules.toml"
+    path.write_text(DENY_DOT_ENV)
+
+    class Trial(Policy):
+        enforcement = "dryrun"
+
+    result = asyncio.run(dispatch(Trial(str(path)), "PreToolUse", tool_args={"path": ".env"}))
+    assert not result.is_blocked
+    assert (
+        result.shadowed[0].detail == "would have blocked: policy rule no-env: file_read is denied"
+    )
