@@ -230,6 +230,9 @@ BYPASSES = [
     ("/home/u/proj/x/../.env", "/home/u/proj/", "absolute, with .., cwd with a trailing /"),
     ("/HOME/u/Proj/.env", "/home/u/proj", "absolute, cwd in another case"),
     ("//home/u/proj//.env", "/home/u/proj", "absolute with doubled slashes"),
+    ("C:\\Proj\\.env", "c:\\proj", "a Windows path inside the cwd, drive and case"),
+    (".env::$DATA", "", "an NTFS stream name (Windows opens the file itself)"),
+    (".env:x", "", "an NTFS alternate stream"),
 ]
 
 
@@ -294,6 +297,15 @@ tools = ["Bash(rm -rf:*)"]
         "/bin/rm -rf x",
         "sudo rm -rf x",
         "ls\nrm -rf x",
+        "(rm -rf x)",
+        "{ rm -rf x; }",
+        "if true; then rm -rf x; fi",
+        'bash -c "rm -rf x"',
+        "sh -c 'cd / && rm -rf x'",
+        '"rm" -rf x',
+        "\\rm -rf x",
+        "env rm -rf x",
+        "rm\t-rf x",
     ],
 )
 def test_a_shell_prefix_is_matched_in_every_simple_command(tmp_path: Path, command: str) -> None:

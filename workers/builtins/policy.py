@@ -153,15 +153,21 @@ def regex(pattern: str, where: str) -> Any:
 
 def norm_path(path: str, cwd: str = "", fold: bool = True) -> str:
     """``path`` as rules see it: backslashes as slashes, doubled slashes, ``.`` and ``..``
-    resolved lexically, trailing dots and spaces of each name dropped (Windows ignores them),
-    case folded where the platform's file systems fold it, and made relative to ``cwd`` when it
-    lies inside it (``/proj/.env`` with cwd ``/proj`` is ``.env``)."""
+    resolved lexically, trailing dots and spaces of each name dropped and an NTFS stream
+    (``.env::$DATA``) cut off (Windows opens the same file), a drive letter's case folded,
+    case folded where ``fold``, and made relative to ``cwd`` when it lies inside it
+    (``/proj/.env`` with cwd ``/proj`` is ``.env``)."""
     path = path.strip().replace("\\", "/")
     if not path:
         return ""
+    root = ""
+    if len(path) >= 2 and path[1] == ":" and path[0].isascii() and path[0].isalpha():
+        root, path = path[:2].lower(), path[2:]
     absolute = path.startswith("/")
     parts: list[str] = []
     for name in path.split("/"):
+        if ":" in name:
+            name = name.split(":", 1)[0] or name
         if name not in (".", ".."):
             name = name.rstrip(". ") or name
         if name in ("", "."):
@@ -173,38 +179,49 @@ def norm_path(path: str, cwd: str = "", fold: bool = True) -> str:
                 parts.append("..")
             continue
         parts.append(name)
-    out = ("/" if absolute else "") + "/".join(parts)
+    out = root + ("/" if absolute else "") + "/".join(parts)
     if absolute and cwd:
         base = norm_path(cwd, "", fold)
         seen = out.casefold() if fold else out
-        if base.startswith("/") and (seen == base or seen.startswith(base.rstrip("/") + "/")):
+        inside = seen == base or seen.startswith(base.rstrip("/") + "/")
+        if (base.startswith("/") or base[1:3] == ":/") and inside:
             out = seen[len(base) :].lstrip("/") or "."
     out = out or "."
     return out.casefold() if fold else out
 
 
-_SEPARATORS = re2.compile(r"\|\||&&|[;|&\n]|\$\(|`|\)")
+_SEPARATORS = re2.compile(r"\|\||&&|[;|&\n(){}]|`")
 _ASSIGNMENT = re2.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*$")
+#: Words before a command that run it (or are shell syntax around it): skipped in loose mode.
+_WRAPPERS = frozenset(
+    {"sudo", "exec", "command", "builtin", "nohup", "time", "env", "nice", "!", "if", "then",
+     "else", "elif", "do", "while", "until"}
+)  # fmt: skip
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh"})
 
 
-def simple_commands(command: str, loose: bool = True) -> list[str]:
+def simple_commands(command: str, loose: bool = True, depth: int = 0) -> list[str]:
     """A shell line's simple commands (split at ``;``, ``&&``, ``||``, ``|``, ``&``, newlines,
-    ``$(``, backticks), each with whitespace collapsed: what ``Bash(prefix:*)`` is matched
-    against. ``loose`` (for deny and ask, where matching more is safe) also drops leading
-    ``VAR=value`` assignments, ``sudo``-like wrappers and the program's directory (``/bin/rm``
-    → ``rm``); allow and context rules see each command as written, since ``LD_PRELOAD=x ls``
-    or ``/tmp/ls`` is not ``ls``. Over-splitting (a ``;`` inside quotes) only makes a deny match
-    more, and an allow less."""
+    parentheses, braces, backticks), each with whitespace collapsed: what ``Bash(prefix:*)``
+    is matched against. ``loose`` (for deny and ask, where matching more is safe) also drops
+    leading ``VAR=value`` assignments, wrappers and keywords (``sudo``, ``env``, ``then``…),
+    quotes and backslashes in the program's name and its directory (``/bin/rm``, ``"rm"``,
+    ``\\rm`` → ``rm``), and looks into ``bash -c '…'``. Allow and context rules see each
+    command as written, since ``LD_PRELOAD=x ls`` or ``/tmp/ls`` is not ``ls``.
+    Over-splitting (a ``;`` inside quotes) only makes a deny match more, and an allow less."""
     found = []
     for part in _SEPARATORS.split(command):
         words = part.split()
-        while loose and words and _ASSIGNMENT.match(words[0]):
-            words.pop(0)
-        if loose and words and words[0] in ("sudo", "exec", "command", "nohup", "time", "env"):
+        while loose and words and (_ASSIGNMENT.match(words[0]) or words[0] in _WRAPPERS):
             words.pop(0)
         if loose and words:
-            words[0] = posixpath.basename(words[0]) or words[0]
-        if words:
+            words[0] = posixpath.basename(
+                words[0].replace('"', "").replace("'", "").replace("\\", "")
+            )
+            if words[0] in _SHELLS and "-c" in words and depth < 3:
+                inner = " ".join(words[words.index("-c") + 1 :]).strip("'\"")
+                found.extend(simple_commands(inner, loose, depth + 1))
+        if words and words[0]:
             found.append(" ".join(words))
     return found
 
