@@ -90,6 +90,7 @@ from workers.builtins.policy_rules import (
     RULE_KEYS,
     TENANT_CHARS,
     TOP_KEYS,
+    Call,
     PolicyError,
     Rule,
     Rules,
@@ -172,6 +173,13 @@ class Event:
     output: str = ""
     #: What ``output`` patterns search: the text, or each string of a structured output.
     outputs: list[str] = field(default_factory=list)
+    _calls: dict[bool, Call] = field(default_factory=dict)
+
+    def call(self, fold: bool) -> Call:
+        """The call as tool patterns see it (read once for every rule)."""
+        if fold not in self._calls:
+            self._calls[fold] = Call(self.tool, self.args, self.cwd, fold)
+        return self._calls[fold]
 
     @classmethod
     def of(cls, event: str, ctx: Any) -> Event:
@@ -203,7 +211,8 @@ def why_not(rule: Rule, ev: Event, fold: bool) -> str | None:
             return f"session {key} is {have!r}, not {' or '.join(map(repr, want))}"
     if rule.tools:
         all_ = rule.decision in ("allow", "context")
-        if not any(t.matches(ev.tool, ev.args, ev.cwd, fold, all_) for t in rule.tools):
+        call = ev.call(fold)
+        if not any(t.matches(call, all_) for t in rule.tools):
             return f"{ev.tool} {_brief(ev.args)} matches none of its tools"
     for key, pattern in rule.args:
         found, value = _lookup(ev.args, key)

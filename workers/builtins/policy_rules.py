@@ -235,17 +235,17 @@ class ToolPattern:
             return cls(text, pattern, "command", " ".join(spec.split()))
         return cls(text, pattern, "path", spec, regex(glob_regex(spec, fold), where))
 
-    def matches(self, tool: str, args: Mapping[str, Any], cwd: str, fold: bool, all_: bool) -> bool:
-        if not self.name.matches(tool):
+    def matches(self, call: Call, all_: bool) -> bool:
+        """Whether this pattern matches ``call``; with ``all_`` (allow and context rules) every
+        path it names, and every simple command of its line, must match."""
+        if not self.name.matches(call.tool):
             return False
         if not self.kind:
             return True
         if self.kind == "path":
-            paths = [norm_path(p, cwd, fold) for p in path_values(args)]
-            hit = [bool(self.compiled.search(p)) for p in paths]
+            hit = [bool(self.compiled.search(p)) for p in call.paths]
             return bool(hit) and (all(hit) if all_ else any(hit))
-        commands = [v for k in COMMAND_ARGS if isinstance(v := args.get(k), str)]
-        parts = [c for command in commands for c in simple_commands(command, loose=not all_)]
+        parts = call.commands(loose=not all_)
         if self.kind == "prefix":
             hit = [p == self.spec or p.startswith(self.spec + " ") for p in parts]
         else:
@@ -253,6 +253,28 @@ class ToolPattern:
         if all_:  # an allowed command may not redirect its output or input anywhere
             hit = [h and not any(c in p for c in "<>") for h, p in zip(hit, parts, strict=True)]
         return bool(hit) and (all(hit) if all_ else any(hit))
+
+
+class Call:
+    """One tool call as tool patterns see it: its paths normalised and its shell line split,
+    each once however many patterns look."""
+
+    def __init__(self, tool: str, args: Mapping[str, Any], cwd: str, fold: bool) -> None:
+        self.tool, self.args, self.cwd, self.fold = tool, args, cwd, fold
+        self._paths: list[str] | None = None
+        self._commands: dict[bool, list[str]] = {}
+
+    @property
+    def paths(self) -> list[str]:
+        if self._paths is None:
+            self._paths = [norm_path(p, self.cwd, self.fold) for p in path_values(self.args)]
+        return self._paths
+
+    def commands(self, loose: bool) -> list[str]:
+        if loose not in self._commands:
+            lines = [v for k in COMMAND_ARGS if isinstance(v := self.args.get(k), str)]
+            self._commands[loose] = [c for line in lines for c in simple_commands(line, loose)]
+        return self._commands[loose]
 
 
 def path_values(args: Mapping[str, Any]) -> list[str]:
