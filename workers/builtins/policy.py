@@ -37,14 +37,17 @@ strings (``'…'``), where a backslash is a backslash.
 Hostile content cannot stall it: every pattern is compiled by RE2 (``google-re2``), which
 matches in time linear in the input and refuses what it cannot do so (backreferences,
 lookaround) when the file is loaded. Paths are normalised before they are matched (``norm_path``:
-``./.env``, ``a/../.env``, ``a//.env``, ``.env.``, ``.ENV`` where the platform folds case, an
-absolute path inside the session's ``cwd``), and shell commands split into their simple
+``./.env``, ``a/../.env``, ``a//.env``, ``.env.``, ``.env::$DATA``, ``C:\\proj\\.env``, ``.ENV``
+(case is folded unless the file says ``[paths] case = "exact"``), an absolute path inside the
+session's ``cwd``), and shell commands split into their simple
 commands (``a && rm -rf x`` is denied by ``Bash(rm -rf:*)``; ``allow`` needs every part to match).
 
 The file is read again when it changes (checked at each call: one ``stat``). A changed file is
 validated whole first; one that is not valid leaves the last good rules in force and says why in
 one line: logged as an error, kept in ``Policy.last_error``, and counted
 (``Policy.reload_failures``, metric ``hookbus.policy.reload_failures``).
+The file's format, and how paths and shell commands are read, are in
+``workers/builtins/policy_rules.py``; deciding, the hook and the lint here.
 ``hookbus policy check FILE`` lints a file; ``hookbus policy test FILE PAYLOAD.json`` shows what
 each rule decides for one event, without Redis. The file's JSON Schema is
 ``docs/schema/policy/policy.schema.json`` (in a folder of its own:
