@@ -50,6 +50,7 @@ def test_every_section_opens_with_a_start_that_shows_its_output() -> None:
         "Claude Code hook scripts as hook services",
         "OpenAI Agents SDK",
         "LangChain and LangGraph",
+        "Policies without code",
     ]
     assert all(expected for _, _, expected in found), "each start shows what it prints"
 
