@@ -505,10 +505,10 @@ class HookWorker:
         dropped unread there, and the hook taken for one that timed out: the hook fails here,
         loudly, with an error reply that says why (within the bound: an error is short)."""
         if reply.status == "ok":
-            error = (
-                f"the hook's answer to {request.event.value} is {size} bytes as a HookReply, over "
-                f"the {request.reply_max} bytes its coordinator reads for this request "
-                "(reply_max: twice the context and 16 KiB for a tool event, 16 KiB for the "
+            error = (  # its first 40 characters are the same every time: one log line per 10 s
+                f"answer over its reply bound (reply_max): {size} bytes as a HookReply to "
+                f"{request.event.value}, over the {request.reply_max} bytes its coordinator reads "
+                "for this request (twice the context and 16 KiB for a tool event, 16 KiB for the "
                 "others; docs/protocol.md 3.2)"
             )
             self._failed(request.event, error)
