@@ -62,6 +62,10 @@ class HookRequest(_Envelope, frozen=True, kw_only=True):
     deadline: int  # epoch ms; a worker drops the request once it has passed
     reply_to: str  # the list key to push the HookReply to
     event_id: str = ""
+    # The largest HookReply (bytes of JSON) the coordinator reads for this request; 0: not
+    # stated (a coordinator before it). A larger reply is dropped unread: the worker sends an
+    # error reply instead (docs/protocol.md 3.2).
+    reply_max: int = 0
 
 
 class HookReply(_Envelope, frozen=True, kw_only=True):

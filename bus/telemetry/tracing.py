@@ -895,3 +895,17 @@ def count_dead_letters(source: str, n: int = 1) -> None:
 def count_lost(group: str, stream: str, n: int) -> None:
     if enabled():
         _instruments()["lost"].add(n, {"hook.name": group, "stream": stream})
+
+
+@functools.cache
+def _replies_dropped() -> Any:
+    return metrics.get_meter("hookbus").create_counter(
+        "hookbus.replies.dropped",
+        description="hook replies a coordinator dropped unread, by reason (oversized: over "
+        "what their request allowed, HookRequest.reply_max)",
+    )
+
+
+def count_dropped_replies(reason: str, n: int = 1) -> None:
+    if enabled():
+        _replies_dropped().add(n, {"reason": reason})

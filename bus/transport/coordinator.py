@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
@@ -39,7 +40,7 @@ from bus.actions import (
     PreToolUseResult,
     ShadowedAnswer,
 )
-from bus.aggregation import Outcome, refusal
+from bus.aggregation import ALLOWED_ACTIONS, Outcome, refusal
 from bus.dispatch import Endpoint, check_outside_hooks, run_targets
 from bus.errors import ConfigError, HookCrashed, HookUnreachable, LimitError, ProtocolError
 from bus.events import (
@@ -54,6 +55,7 @@ from bus.events import (
 )
 from bus.hooks import SYNC_METHODS, AgentHook, HookSpec, spec_of
 from bus.protocol import (
+    MAX_MESSAGE_BYTES,
     AuditRecord,
     ControlMessage,
     EventMessage,
@@ -85,6 +87,38 @@ AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 REQUEUE_LIMIT = 10_000
 #: The longest a dispatch waits to learn a new session's own hooks.
 SESSION_LOOKUP_SECS = 0.5
+#: The largest reply read for any request: an answer without content (events whose actions
+#: carry none), an error, a Block's reason. A tool event's allows more (``reply_bound``).
+REPLY_FLOOR = 16_384
+#: Replies popped from the inbox in one read; after a read that held a reply over its bound,
+#: fewer, until a read holds none: a flood of big replies is not taken in 256 at a time.
+READ_COUNT, WARY_READ_COUNT = 256, 8
+# Where a HookReply written by msgspec (every HookBus worker) names its request: before any
+# content, within the envelope's first bytes (ids, trace context). Read without parsing.
+_REQUEST_ID = re.compile(rb'"request_id":"([0-9a-f]{32})"')
+_HEAD_BYTES = 1024
+
+
+def reply_bound(event: HookEvent, context_bytes: int) -> int:
+    """The largest ``HookReply`` (bytes of JSON) a coordinator reads for a request of ``event``
+    whose context is ``context_bytes`` long: ``REPLY_FLOOR`` for events whose answers carry no
+    content; for the tool events (MutateInput, MutateOutput may rewrite the arguments or the
+    output) twice the context and the floor, rounded up to a power of two, at most
+    ``MAX_MESSAGE_BYTES``. Sent to the worker as ``HookRequest.reply_max``."""
+    if event not in ALLOWED_ACTIONS:
+        return REPLY_FLOOR
+    need = 2 * context_bytes + REPLY_FLOOR
+    return min(MAX_MESSAGE_BYTES, 1 << (need - 1).bit_length())
+
+
+class _ReplyHead(msgspec.Struct):
+    """What a reply names, read without decoding the rest (msgspec skips it, in C)."""
+
+    request_id: str = ""
+    hook: str = ""
+
+
+_reply_head = msgspec.json.Decoder(_ReplyHead).decode
 # The event this task is dispatching: its id (requests name it) and its context already encoded
 # (encoded once per dispatch, not once per hook).
 _dispatch: ContextVar[tuple[str, object, msgspec.Raw | None]] = ContextVar(
@@ -135,11 +169,15 @@ class Coordinator(EventRunner):
             "skewed_calls": 0,
             "refused": 0,
             "forged_replies": 0,  # replies claiming another hook than the one asked: dropped
+            "oversized_replies": 0,  # replies over what their request allowed: dropped unread
         }
         #: Calls, per hook, dispatched while every live replica of the hook was skewed.
         self.skewed_calls: dict[str, int] = {}
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._asked: dict[str, str] = {}  # request id → the hook asked (only it may answer)
+        self._bounds: dict[str, int] = {}  # request id → the largest reply read for it
+        self._by_bound: dict[int, int] = {}  # reply bound → how many pending requests have it
+        self._read_count = READ_COUNT
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
         self._delivering = False  # the inbox reader is waking dispatches: it sends for them
@@ -512,25 +550,30 @@ class Coordinator(EventRunner):
         loop = asyncio.get_running_loop()
         traceparent, tracestate = telemetry.headers()  # the dispatch span: the hook's parent
         event_id, published, encoded = _dispatch.get()
+        context = (
+            encoded if published is ctx and encoded is not None else msgspec.Raw(inspected(ctx))
+        )
+        bound = reply_bound(event, len(context))
         request = HookRequest(
             id=new_id(),
             ts=now_ms(),
             hook=hook,
             event=event,
             session_id=session_of(ctx),
-            context=(
-                encoded if published is ctx and encoded is not None else msgspec.Raw(inspected(ctx))
-            ),
+            context=context,
             deadline=self.clock.now_ms() + int((deadline - loop.time()) * 1000),
             reply_to=self.inbox,
             event_id=event_id if published is ctx else "",
             traceparent=traceparent,
             tracestate=tracestate,
+            reply_max=bound,
         )
         payload = encode(request)  # LimitError: this hook fails, under its policy
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
         self._asked[request.id] = hook
+        self._bounds[request.id] = bound
+        self._by_bound[bound] = self._by_bound.get(bound, 0) + 1
         future.add_done_callback(lambda _: self._forget(request.id))
         stream = self.directory.requests(hook, request.session_id)
         self._enqueue(stream, payload, self.bus.requests_maxlen, request.id, False)
@@ -539,6 +582,17 @@ class Coordinator(EventRunner):
     def _forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
         self._asked.pop(request_id, None)
+        bound = self._bounds.pop(request_id, None)
+        if bound is not None:
+            left = self._by_bound[bound] - 1
+            if left:
+                self._by_bound[bound] = left
+            else:
+                del self._by_bound[bound]
+
+    def _largest_bound(self) -> int:
+        """The largest reply any pending request allows (a handful of powers of two)."""
+        return max(self._by_bound, default=REPLY_FLOOR)
 
     # -- batching: every command of one dispatch goes out in one round trip --------------------
 
@@ -631,9 +685,8 @@ class Coordinator(EventRunner):
                     if conn is None:
                         conn = await held_connection(self.redis)
                     # pipelined(): redis-py's command path costs more per call (redis_io.py)
-                    [popped] = await pipelined(
-                        self.redis, [("BLMPOP", 0.5, 1, self.inbox, "LEFT", "COUNT", 256)], conn
-                    )
+                    read = ("BLMPOP", 0.5, 1, self.inbox, "LEFT", "COUNT", self._read_count)
+                    [popped] = await pipelined(self.redis, [read], conn)
                     if isinstance(popped, Exception):
                         raise popped
                     backoff = 0.05
@@ -653,6 +706,7 @@ class Coordinator(EventRunner):
         # One reply wakes one dispatch at most: it sends its own requests, while this
         # reader re-arms its read. Several may wake several: they share one round trip.
         self._delivering = len(replies) > 1
+        oversized = self.stats["oversized_replies"]
         try:
             for data in replies:
                 try:
@@ -666,16 +720,24 @@ class Coordinator(EventRunner):
             await asyncio.sleep(0)
         finally:
             self._delivering = False
+            wary = self.stats["oversized_replies"] > oversized
+            self._read_count = WARY_READ_COUNT if wary else READ_COUNT
         if self._outbox:  # what the woken dispatches asked next: one round trip for all
             await self._flush()  # (their replies cannot come before it is done)
 
     def _deliver(self, data: bytes) -> None:
-        try:
-            reply = decode(data, HookReply)
-        except ProtocolError as exc:
-            self.stats["malformed_replies"] += 1
-            _failures.warning("dropping a malformed reply in %s: %s", self.inbox, exc)
-            return
+        if len(data) > REPLY_FLOOR:
+            big = self._read_big(data)
+            if big is None:
+                return
+            reply = big
+        else:
+            try:
+                reply = decode(data, HookReply)
+            except ProtocolError as exc:
+                self.stats["malformed_replies"] += 1
+                _failures.warning("dropping a malformed reply in %s: %s", self.inbox, exc)
+                return
         future = self._waiting.get(reply.request_id)
         if future is None or future.done():
             self.stats["late_replies"] += 1
@@ -691,6 +753,64 @@ class Coordinator(EventRunner):
             future.set_exception(HookCrashed(reply.error or "the hook failed"))
         else:
             future.set_result(reply.action)
+
+    def _read_big(self, data: bytes) -> HookReply | None:
+        """A reply over ``REPLY_FLOOR``, decoded only if it is within what its request allows
+        and names a pending request of the hook it names; else None, counted. Any hook may
+        push to any inbox (it learns them from ``reply_to``), so what it pushes must cost next
+        to nothing unless it answers a request that hook was asked. A reply over every pending
+        request's bound is dropped unread (its length only); else its request is read from its
+        first bytes (where HookBus's workers write it) or, failing that, by msgspec skipping
+        the rest in C; a reply to no pending request is late, one over its own request's bound
+        dropped unread, one naming another hook than the one asked forged. A reply that names
+        a pending request but cannot be read fails that request: only the hook asked knows its
+        id, and no second such reply is read for it."""
+        size, largest = len(data), self._largest_bound()
+        if size > largest:
+            self._oversized(size, largest, "")
+            return None
+        found = _REQUEST_ID.search(data, 0, _HEAD_BYTES)
+        request_id = found[1].decode() if found is not None else ""
+        hook = None
+        if request_id not in self._bounds:
+            try:
+                head = _reply_head(data)
+            except Exception:  # malformed, or nested past what msgspec skips: not read further
+                self.stats["malformed_replies"] += 1
+                _failures.warning(
+                    "dropping a malformed reply of %d bytes in %s, unread", size, self.inbox
+                )
+                return None
+            request_id, hook = head.request_id, head.hook
+        bound = self._bounds.get(request_id)
+        future = self._waiting.get(request_id)
+        if bound is None or future is None or future.done():
+            self.stats["late_replies"] += 1
+            return None
+        asked = self._asked.get(request_id)
+        if size > bound:
+            self._oversized(size, bound, f" to a request for hook {asked!r}")
+            return None
+        if hook is not None and hook != asked:
+            self.stats["forged_replies"] += 1
+            _failures.warning("dropped a reply from hook %r to a request for hook %r", hook, asked)
+            return None
+        try:
+            return decode(data, HookReply)
+        except ProtocolError as exc:
+            self.stats["malformed_replies"] += 1
+            _failures.warning("a malformed reply of hook %r in %s: %s", asked, self.inbox, exc)
+            future.set_exception(HookCrashed(f"its reply could not be read: {exc}"[:500]))
+            return None
+
+    def _oversized(self, size: int, bound: int, to: str) -> None:
+        self.stats["oversized_replies"] += 1
+        telemetry.count_dropped_replies("oversized")
+        _failures.warning(
+            "dropped a reply of %d bytes in %s%s, unread: over the %d bytes its request "
+            "allows (reply_max; a hook credential may be pushing junk to this inbox)",
+            size, self.inbox, to, bound, key="oversized reply",
+        )  # fmt: skip
 
     # -- keeping the directory fresh -----------------------------------------------------------
 

@@ -57,12 +57,14 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from bus import limits
 from bus.actions import PostToolUseResult
 from bus.errors import ConfigError, InvalidInputError, LimitError, ProtocolError
 from bus.events import HookEvent
@@ -278,6 +280,18 @@ POST_TOOL_USE, POST_TOOL_USE_FAILURE = HookEvent.POST_TOOL_USE, HookEvent.POST_T
 
 #: The longest session id ``/v1/sessions/{id}/cancel`` takes (characters).
 MAX_SESSION_ID = 1024
+#: A body longer than this with more brackets than ``MAX_DEPTH`` may take milliseconds to read
+#: (bus/limits.py's scan, msgspec's parse; tens of them when it is nested past what msgspec
+#: skips and its head is walked in Python): it is read off the event loop, one at a time
+#: (``Gateway._walk``). A shorter one costs at most about 2 ms: read on the loop.
+WALK_BYTES = 16_384
+
+
+def _heavy(body: bytes) -> bool:
+    """Whether reading ``body`` may be slow (two C passes over it, no parse)."""
+    return len(body) > WALK_BYTES and (
+        limits.openers(body) > limits.MAX_DEPTH or limits.has_surrogate_escape(body)
+    )
 
 
 class Gateway:
@@ -301,6 +315,12 @@ class Gateway:
         self.tenants = ServedTenants()
         self.max_body = max_body
         self.claude_timeout_ms = claude_timeout_ms
+        # Bodies that may be slow to read are read in a thread, one at a time (as the
+        # coordinator service reads the heads of requests over the bounds), and each tenant's
+        # behind its own: a tenant's flood holds another's at most one read, and its threads
+        # never take more than one thread's share of the interpreter from the event loop.
+        self._walking = asyncio.Semaphore(1)
+        self._walkers: dict[str, asyncio.Semaphore] = {}
         self.stats = {
             "decisions": 0,
             "claude_code": 0,
@@ -370,6 +390,14 @@ class Gateway:
             return None, "the token's tenant is not served (hookbus tenants list)"
         return tenant, ""
 
+    async def _walk(self, tenant: str, read: Callable[[bytes], Any], body: bytes) -> Any:
+        """``read(body)`` in a thread, after the tenant's reads before it, one at a time."""
+        mine = self._walkers.get(tenant)
+        if mine is None:
+            mine = self._walkers[tenant] = asyncio.Semaphore(1)
+        async with mine, self._walking:
+            return await asyncio.to_thread(read, body)
+
     def too_large(self, what: str) -> str:
         self.stats["too_large"] += 1
         return f"{what} is over the {self.max_body}-byte limit"
@@ -383,13 +411,18 @@ class Gateway:
             refused_reply,
         )
 
+        def read(data: bytes) -> tuple[HttpDecisionRequest, Any] | tuple[InvalidInputError, _Head]:
+            try:
+                return read_request(data, HttpDecisionRequest)
+            except InvalidInputError as exc:
+                # Reading the head of a body over the bounds walks all of it (up to ~0.2 s
+                # for a megabyte of small strings).
+                return exc, decode_head(data, _Head) or _Head()
+
         self.stats["decisions"] += 1
-        try:
-            request, ctx = read_request(body, HttpDecisionRequest)
-        except InvalidInputError as exc:
-            # Reading the head of a body over the bounds walks all of it (up to ~0.2 s for a
-            # megabyte of small strings): off the event loop, so that other decisions go on.
-            head = await asyncio.to_thread(decode_head, body, _Head) or _Head()
+        found = await self._walk(tenant, read, body) if _heavy(body) else read(body)
+        if isinstance(found[0], InvalidInputError):
+            exc, head = found
             if isinstance(exc, LimitError) and head.event in _EVENT_NAMES:
                 # A context no hook could be shown: refused, as by the coordinator service.
                 self.stats["refused"] += 1
@@ -398,6 +431,7 @@ class Gateway:
             self.stats["bad_requests"] += 1
             where = exc.field if isinstance(exc, ProtocolError) else ""
             return self.error_reply(400, str(exc), head.id, where)
+        request, ctx = found
         if not request.id or not request.ts:
             request = msgspec.structs.replace(
                 request, id=request.id or new_id(), ts=request.ts or now_ms()
@@ -414,18 +448,34 @@ class Gateway:
     async def claude_code(self, tenant: str, body: bytes, *, whole: bool = True) -> Answer:
         """``POST /claude-code``: Claude Code's hook input, answered in its output format.
         ``whole`` False: ``body`` is the first part of a body over ``max_body``."""
-        from workers.integrations.claude_code import fail_closed, to_claude_code, to_hookbus
+        from workers.integrations.claude_code import (
+            event_named,
+            fail_closed,
+            to_claude_code,
+            to_hookbus,
+        )
         from workers.services.coordinator_service import decide, qualify
 
         self.stats["claude_code"] += 1
         if not whole:
             error = LimitError(self.too_large("the hook input"), limit="max_body")
             return await self._unreadable(tenant, body, error, 413)
+
+        def read(data: bytes) -> Any:
+            try:
+                return to_hookbus(data)
+            except InvalidInputError as exc:  # the event it is for, read at once: a walk
+                return exc, event_named(data)
+
+        found = await self._walk(tenant, read, body) if _heavy(body) else read(body)
+        if isinstance(found, tuple):
+            exc, name = found
+            return self._refused_input(tenant, name, exc, 400)
+        call = found
+        if call is None:  # an event HookBus has no counterpart for: no opinion
+            self.stats["no_counterpart"] += 1
+            return _json(200, {})
         try:
-            call = to_hookbus(body)
-            if call is None:  # an event HookBus has no counterpart for: no opinion
-                self.stats["no_counterpart"] += 1
-                return _json(200, {})
             ctx = qualify(call.ctx, tenant)
             context = raw(ctx)
         except InvalidInputError as exc:
@@ -480,9 +530,15 @@ class Gateway:
         Claude Code's. Claude Code runs the tool on any answer but a 2xx, so the events that
         gate a tool or carry its output get the refusal with 200 (denied, output withheld), as
         every agent does (protocol.md 5.6); any other input gets ``status`` (400, 413)."""
-        from workers.integrations.claude_code import event_named, refused
+        from workers.integrations.claude_code import event_named
 
-        name = await asyncio.to_thread(event_named, body)  # may walk a deep body: off the loop
+        name = await self._walk(tenant, event_named, body)  # may walk a deep body: off the loop
+        return self._refused_input(tenant, name, exc, status)
+
+    def _refused_input(self, tenant: str, name: str, exc: InvalidInputError, status: int) -> Answer:
+        """The answer to a hook input of Claude Code event ``name`` that could not be read."""
+        from workers.integrations.claude_code import refused
+
         if answer := refused(name, str(exc)):
             self.stats["refused"] += 1
             _failures.warning("refused %s input of tenant %s: %s", name, tenant, exc)

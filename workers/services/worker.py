@@ -493,10 +493,29 @@ class HookWorker:
             self.stats["errors"] += 1
             error = f"the hook's answer could not be sent: {exc}"
             payload = encode(
-                msgspec.structs.replace(reply, status="error", action=None, error=error)
+                msgspec.structs.replace(reply, status="error", action=None, error=error[:2000])
             )
+        if request.reply_max and len(payload) > request.reply_max:
+            payload = self._over_bound(request, reply, len(payload))
         if replies is None or not replies.add(request.reply_to, payload, entry_id):
             await self._send(Replies().add_one(request.reply_to, payload, entry_id))
+
+    def _over_bound(self, request: HookRequest, reply: HookReply, size: int) -> bytes:
+        """A reply over the bound its coordinator set (``HookRequest.reply_max``) would be
+        dropped unread there, and the hook taken for one that timed out: the hook fails here,
+        loudly, with an error reply that says why (within the bound: an error is short)."""
+        if reply.status == "ok":
+            error = (  # its first 40 characters are the same every time: one log line per 10 s
+                f"answer over its reply bound (reply_max): {size} bytes as a HookReply to "
+                f"{request.event.value}, over the {request.reply_max} bytes its coordinator reads "
+                "for this request (twice the context and 16 KiB for a tool event, 16 KiB for the "
+                "others; docs/protocol.md 3.2)"
+            )
+            self._failed(request.event, error)
+        else:
+            error = reply.error
+        cut = msgspec.structs.replace(reply, status="error", action=None, error=error[:1000])
+        return encode(cut)
 
     async def _send(self, replies: Replies) -> None:
         unsent = await send_replies(self.redis, self.stream, WORKERS_GROUP, replies)
@@ -613,7 +632,7 @@ class HookWorker:
             hook=self.spec.name,
             replica=self.replica,
             status="error",
-            error=f"malformed request: {exc}"[:4000],
+            error=f"malformed request: {exc}"[:2000],
         )
         with contextlib.suppress(RedisError, OSError, ProtocolError):
             await self.redis.rpush(head.reply_to, encode(reply))
