@@ -81,6 +81,8 @@ from bus.transport.retention import hard_cap
 
 log = logging.getLogger("hookbus.coordinator")
 _failures = RateLimitedLog(log)
+#: How long this coordinator's inbox outlives its last refresh (replies no one will read).
+INBOX_TTL_MS = 60_000
 #: The audit trail's hard cap at the default ``audit_maxlen`` (the audit log keeps it all).
 AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
@@ -831,6 +833,9 @@ class Coordinator(EventRunner):
             try:
                 await self.clock.measure(self.redis)
                 await self.directory.refresh()
+                # The inbox's TTL is set here, by its owner only (hooks may only RPUSH): replies
+                # left when this coordinator dies go with it.
+                await self.redis.pexpire(self.inbox, INBOX_TTL_MS)
             except (RedisError, OSError) as exc:
                 log.debug("directory refresh failed: %s", exc)
                 if not known:

@@ -83,3 +83,24 @@ def test_a_hook_credential_flooding_a_coordinators_inbox_holds_up_no_tenant(
     assert counted["oversized_replies"] == FLOOD, counted
     assert counted["malformed_replies"] == 0, counted  # none was decoded
     assert f"dropped a reply of {len(JUNK)} bytes in {inbox}, unread" in log
+
+
+def test_a_hook_credential_cannot_expire_or_delete_a_coordinators_inbox(
+    bus: Bus,  # noqa: F811
+    attacker: Any,
+) -> None:
+    """``PEXPIRE inbox 0`` deleted a coordinator's inbox and every other hook's reply waiting in
+    it (the asked hooks then failed under their policies: an ``ignore`` guard's Block gone).
+    A hook's user may now only RPUSH there; the inbox's owner sets its TTL."""
+    guard: Attacker = attacker("hook-Guard")
+    got = guard.redis.xread({KEYS.requests("Guard"): "0"}, count=1)
+    inbox = decode(got[0][1][0][1][b"data"], HookRequest).reply_to
+    commands = [("PEXPIRE", inbox, 0), ("EXPIRE", inbox, 0), ("PEXPIREAT", inbox, 1),
+                ("DEL", inbox), ("UNLINK", inbox), ("LPOP", inbox),
+                ("LTRIM", inbox, 1, 0)]  # fmt: skip
+    for command in commands:
+        guard.refused(*command)
+    # Only the attacker was refused anything; its refusals leave the log clean for the check
+    # that no role of the running bus was (the bus fixture's teardown).
+    assert [e for e in bus.acl.denied() if e["username"] != "hook-Guard"] == []
+    bus.acl.admin.acl_log_reset()

@@ -92,7 +92,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "+unsubscribe +publish %R~hookbus:hooks %R~hookbus:hook:*:manifest %R~hookbus:modes "
         "%R~hookbus:hook:*:replicas %R~hookbus:hook:*:clocks %R~hookbus:breakglass +hgetall "
         "+smembers +zcount +zrange +get (%W~hookbus:events:* %W~hookbus:hook:*:requests "
-        "%W~hookbus:decisions:* %W~hookbus:audit +xadd) (~hookbus:inbox:* +blmpop +blpop) "
+        "%W~hookbus:decisions:* %W~hookbus:audit +xadd) (~hookbus:inbox:* +blmpop +blpop +pexpire) "
         "(~hookbus:session:*:hooks +smembers +sadd +srem +del +expire) "
         "(%W~hookbus:cancelled:* +sadd)",
     ),
@@ -238,7 +238,9 @@ def hook_rules(hook: HookUser) -> str:
         "(~hookbus:hooks +sadd +sismember)",
         f"({own} {_OWN})",
         "(%W~hookbus:dlq +xadd)",
-        "(%W~hookbus:inbox:* +rpush +pexpire)",
+        # RPUSH only: an inbox's TTL is its owner's (PEXPIRE 0 would delete other hooks'
+        # replies waiting in it)
+        "(%W~hookbus:inbox:* +rpush)",
     ]
     if hook.kind == "async":
         streams = "~hookbus:events:*" + (" ~hookbus:audit" if hook.follows_audit_trail else "")

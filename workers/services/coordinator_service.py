@@ -642,7 +642,9 @@ class CoordinatorService:
             payload = encode(fallback)
         async with self._io:
             replies = Replies().add_one(reply_to, payload, entry_id)
-            unsent = await send_replies(self.redis, source.stream, COORDINATORS_GROUP, replies)
+            unsent = await send_replies(
+                self.redis, source.stream, COORDINATORS_GROUP, replies, expire=True
+            )
         if unsent is None:  # not acknowledged: answered again when claimed
             return False
         self._settled[source].add(entry_id)

@@ -164,9 +164,14 @@ class Replies:
         return self
 
 
-async def send_replies(redis: Redis, stream: str, group: str, replies: Replies) -> int | None:
+async def send_replies(
+    redis: Redis, stream: str, group: str, replies: Replies, *, expire: bool = False
+) -> int | None:
     """Send the replies of a batch and acknowledge its requests: one pipelined round trip (one
-    ``RPUSH`` and one ``PEXPIRE`` per inbox, one ``XACK``). Returns how many replies could not
+    ``RPUSH`` per inbox, with ``expire`` a ``PEXPIRE`` too, one ``XACK``). A hook worker sets
+    no TTL: an inbox's TTL is its owner's (bus/transport/coordinator.py), and a hook's user
+    may not PEXPIRE (it could delete the other hooks' replies waiting there); the coordinator
+    service sets it on the inboxes of the agents it answers. Returns how many replies could not
     be delivered (an inbox key that is not a list: that asker times out, the others of the batch
     are answered; retrying cannot help), or None if the requests were not acknowledged (Redis
     away, or it refused the XACK): they stay pending, answered again when claimed. Every
@@ -175,7 +180,9 @@ async def send_replies(redis: Redis, stream: str, group: str, replies: Replies) 
         return 0
     commands: list[tuple[Any, ...]] = []
     for inbox, payloads in replies.inboxes.items():
-        commands += [("RPUSH", inbox, *payloads), ("PEXPIRE", inbox, REPLY_TTL_MS)]
+        commands.append(("RPUSH", inbox, *payloads))
+        if expire:
+            commands.append(("PEXPIRE", inbox, REPLY_TTL_MS))
     commands.append(("XACK", stream, group, *replies.acks))
     try:
         *sent, acked = await pipelined(redis, commands)
@@ -186,7 +193,8 @@ async def send_replies(redis: Redis, stream: str, group: str, replies: Replies) 
         _failures.warning("could not acknowledge %d requests: %s", len(replies.acks), acked)
         return None
     unsent = 0
-    for (inbox, payloads), pushed in zip(replies.inboxes.items(), sent[::2], strict=True):
+    pushes = sent[:: 2 if expire else 1]
+    for (inbox, payloads), pushed in zip(replies.inboxes.items(), pushes, strict=True):
         if isinstance(pushed, Exception):
             unsent += len(payloads)
             _failures.warning("could not reply to %r: %s", inbox, pushed)  # named by the asker
@@ -636,7 +644,6 @@ class HookWorker:
         )
         with contextlib.suppress(RedisError, OSError, ProtocolError):
             await self.redis.rpush(head.reply_to, encode(reply))
-            await self.redis.pexpire(head.reply_to, REPLY_TTL_MS)
 
     async def _ack(self, entry_id: bytes) -> None:
         try:
