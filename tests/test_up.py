@@ -138,6 +138,8 @@ def test_up_runs_the_services_of_the_compose_file() -> None:
     for name, s in services.items():
         if s.get("image") != "hookbus:latest" or "profiles" in s:
             continue
+        if name == "gateway":  # needs tokens and a port: started beside `hookbus up` (README)
+            continue
         user = re.match(r"redis://([\w.-]+)@", s["environment"]["HOOKBUS_REDIS_URL"])
         assert user, name
         # A hook service runs as its hook's own user (hook-NAME), the others as their role.

@@ -66,8 +66,9 @@ class Service:
         return self.args[1] if self.args[0] == "worker" else None
 
 
-#: The services of docker-compose.yml but Redis, Jaeger and the demo agent (tests/test_up.py
-#: holds the two to the same commands).
+#: The services of docker-compose.yml but Redis, Jaeger, the gateway (it needs tokens and a
+#: port of its own: README) and the demo agent (tests/test_up.py holds the two to the same
+#: commands).
 STACK = (
     Service("coordinator", "coordinator", ("coordinator",)),
     Service(
