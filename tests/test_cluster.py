@@ -223,7 +223,8 @@ async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
 ) -> None:
     keys = Keys.of(settings)
     guard = HookConfig(name="Guard", events=[PRE])
-    procs.scripted(settings, guard, "--shards", str(SHARDS))
+    for _ in range(2):  # two processes, SHARDS lanes each
+        procs.scripted(settings, guard, "--shards", str(SHARDS))
     procs.worker(settings, "workers.builtins.metrics:AsyncMetricsHook", "metrics")
     sessions = sessions_covering(keys)
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
@@ -251,8 +252,12 @@ async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
     tailed = [line.split() for line in out.read_text().splitlines()]
     assert sorted(line[2] for line in tailed) == sorted(sessions)  # from all 6 partitions
 
-    listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
-    assert {"Guard", "AsyncMetricsHook"} <= set(listed)
+    async def both_listed() -> bool:
+        listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
+        return "AsyncMetricsHook" in listed and listed["Guard"][8] == f"2 ({2 * SHARDS} lanes)"
+
+    # Processes and their shard lanes apart: 2 processes, not 6 replicas.
+    await wait_for(both_listed, 60, "hooks list to show Guard's 2 processes and their lanes")
 
     lag = rows(hookbus(settings, "lag"))
     streams = {r[0] for r in lag}
