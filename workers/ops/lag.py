@@ -112,8 +112,11 @@ async def _stream_lag(
         cut_pending = 0
         if pending:
             summary: Any = await redis.xpending(stream, name)
-            if summary.get("min"):
-                oldest = _secs(now - _id_ms(_text(summary["min"])))
+            # XPENDING answers after XINFO GROUPS: what it counts is the newer figure (entries
+            # may have been acknowledged in between: then no min, and 0 pending).
+            pending = int(summary.get("pending") or 0)
+        if pending:
+            oldest = _secs(now - _id_ms(_text(summary["min"])))
             if first is None:
                 cut_pending = pending
             elif _stream_id(summary["min"]) < first:
