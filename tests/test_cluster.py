@@ -25,16 +25,22 @@ from typing import Any
 
 import msgspec
 import pytest
+from redis.asyncio import Redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis.exceptions import RedisError
 
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings, MutateInput
 from bus.events import PostToolUseContext, PreToolUseContext, StepCompleteContext
 from bus.settings import BusSettings
 from bus.transport.keys import Keys, partition_tag, shard_tag
-from bus.transport.redis_io import connect
+from bus.transport.redis_io import close, connect
+from bus.transport.retention import Retention
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig
+from tests.test_retention import group_of, loss_records, publish_capped
+from workers.local.redis_cluster import LocalCluster
+from workers.ops.lag import consumer_lag
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -305,3 +311,60 @@ async def test_stream_reads_and_blocking_pops_go_to_their_keys_master_without_a_
         assert getkeys_calls(redis_cluster) == 0
     finally:
         await redis.aclose()
+
+
+# -- failover ------------------------------------------------------------------------------------
+
+
+async def retried(step: Any) -> Any:
+    """``step()`` once the cluster client reaches the new master (a failover's errors retried)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        try:
+            return await step()
+        except (RedisError, OSError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # a retry's pace, not a synchronisation
+
+
+async def test_a_failover_is_no_loss_and_a_cut_after_it_is_counted_exactly() -> None:
+    """A promoted replica keeps a group's last-delivered-id but not its entries-read (Redis
+    7.0): nothing is reported lost for it (no dead letter, no lost counter, no LOST in ``hookbus
+    lag``), and a cut by the hard cap after the failover is counted exactly. On a cluster of its
+    own: a master is killed."""
+    with LocalCluster() as cluster:
+        settings = BusSettings(
+            redis_url=cluster.url.replace("redis://", "redis+cluster://", 1), prefix="failover"
+        )
+        keys = Keys.of(settings)
+        stream = keys.event_partitions[0]
+        redis = connect(settings)
+        retention = Retention(redis, keys)
+        try:
+            await retention.create_group(stream, "Late", "$")
+            await redis.hset(keys.lost("Late"), "seen", 0)  # as a hook service does
+            await publish_capped(redis, stream, [b"x"] * 500, 2000)
+            while (await retention.read(stream, "Late", "r1", 200))[0]:
+                pass
+            master: Any = redis.get_node_from_key(stream)  # type: ignore[attr-defined]
+            node = Redis(host=master.host, port=master.port)
+            assert await node.wait(1, 10_000) == 1  # the replica has every read
+            await node.aclose()
+            cluster.kill_master(master.port)
+            await asyncio.to_thread(cluster.wait_promoted, master.port)
+            promoted = await retried(lambda: group_of(redis, stream, "Late"))
+            assert promoted["entries-read"] != 500  # the fact this test is about
+            entries, gap, _ = await retried(lambda: retention.read(stream, "Late", "r1", 200))
+            assert (entries, gap) == ([], None)
+            assert (await group_of(redis, stream, "Late"))["entries-read"] == 500  # re-based
+            assert await loss_records(redis, keys, "Late") == []
+            [row] = [r for r in await consumer_lag(redis, keys, 200, 10) if r.stream == stream]
+            assert (row.lag, row.lost) == (0, 0)
+            # A real cut after the failover: counted exactly.
+            await publish_capped(redis, stream, [b"y"] * 6000, 2000)
+            length = await redis.xlen(stream)
+            _, gap, _ = await retention.read(stream, "Late", "r1", 200)
+            assert gap is not None and gap.count == 6000 - length
+        finally:
+            await close(redis)
