@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings, MutateInput
 from bus.events import PostToolUseContext, PreToolUseContext, StepCompleteContext
+from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
 from bus.transport.keys import Keys, partition_tag, shard_tag
 from bus.transport.redis_io import close, connect
@@ -367,4 +368,93 @@ async def test_a_failover_is_no_loss_and_a_cut_after_it_is_counted_exactly() -> 
             _, gap, _ = await retention.read(stream, "Late", "r1", 200)
             assert gap is not None and gap.count == 6000 - length
         finally:
+            await close(redis)
+
+
+async def master_of_key(cluster: LocalCluster, key: str) -> int:
+    """The port of the master that serves ``key``."""
+    redis = connect(BusSettings(redis_url=cluster.url.replace("redis://", "redis+cluster://")))
+    try:
+        await redis.ping()  # the client learns the slots
+        node: Any = redis.get_node_from_key(key)  # type: ignore[attr-defined]
+        return int(node.port)
+    finally:
+        await close(redis)
+
+
+def replica_port(cluster: LocalCluster, not_of: int) -> int:
+    """A replica node's port (the cluster stays ok without it), not the replica of ``not_of``."""
+    masters = cluster.master_ports()
+    return next(
+        n.port
+        for n in cluster.nodes
+        if n.port not in masters
+        and f"master_port:{not_of}" not in cluster.info(n, "info", "replication")
+    )
+
+
+async def test_operator_commands_start_with_a_seed_down_and_survive_a_failover(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """The URL names several seed nodes; the first is down: ``hookbus worker``, ``check``,
+    ``hooks list`` and ``lag`` start from the next. Then the master of the events stream is
+    killed: ``lag`` and ``hooks list`` run during the promotion retry until it is over, and
+    ``events tail`` keeps following and shows an event published after it; no traceback, every
+    exit 0. On a cluster of its own, whose replicas take over after 3 s of silence (a window
+    the commands start in)."""
+    with LocalCluster(node_timeout_ms=3000) as cluster:
+        victim = await master_of_key(cluster, Keys("seeds").event_partitions[0])
+        down = replica_port(cluster, not_of=victim)
+        live = cluster.master_ports()[0]
+        cluster.node(down).kill()
+        settings = BusSettings(
+            redis_url=f"redis+cluster://127.0.0.1:{down},127.0.0.1:{live}/0",
+            prefix="seeds",
+            heartbeat_secs=0.2,
+            liveness_secs=1.0,
+            refresh_secs=0.2,
+        )
+        keys = Keys.of(settings)
+        procs.scripted(settings, HookConfig(name="Guard", events=[PRE]))
+
+        def guard_live() -> bool:
+            listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
+            return "Guard" in listed and listed["Guard"][8] == "1"
+
+        await wait_for(guard_live, 60, "the worker to start from the second seed")
+        assert hookbus(settings, "check").startswith("ok: ")
+        assert keys.requests("Guard") in {r[0] for r in rows(hookbus(settings, "lag"))}
+
+        out, err = tmp_path / "tail.out", tmp_path / "tail.err"
+        env = worker_env(settings, NO_COLOR="1", COLUMNS="250", PYTHONIOENCODING="utf-8")
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            tail = subprocess.Popen(
+                [sys.executable, "-m", "workers.cli", "events", "tail", "--count", "1"],
+                env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            )  # fmt: skip
+        redis = connect(settings)
+        try:
+            await wait_for(lambda: "following" in err.read_text(), 60, "events tail to start")
+            stream = keys.event_partitions[0]
+            cluster.kill_master(victim)
+            # Started inside the promotion window: their first commands find no master.
+            during = [
+                await asyncio.to_thread(hookbus, settings, *command)
+                for command in (["lag"], ["hooks", "list"])
+            ]
+            assert keys.requests("Guard") in {r[0] for r in rows(during[0])}
+            assert "Guard" in {r[0] for r in rows(during[1])}
+            await asyncio.to_thread(cluster.wait_promoted, victim)
+            message = EventMessage(
+                id=new_id(), ts=now_ms(), event=PRE, session_id="after-failover",
+                context=msgspec.Raw(b"{}"),
+            )  # fmt: skip
+            await retried(lambda: redis.xadd(stream, {DATA_FIELD: encode(message)}))
+            code = await asyncio.to_thread(tail.wait, 60)
+            assert code == 0 and "Traceback" not in err.read_text(), err.read_text()
+            assert "after-failover" in out.read_text()
+        finally:
+            if tail.poll() is None:
+                tail.kill()
+                tail.wait(10)
             await close(redis)

@@ -475,7 +475,7 @@ def test_unreachable_redis_is_said_where_and_that_it_is_unreachable_exit_code_2(
     bus_settings: BusSettings, command: list[str]
 ) -> None:
     url = f"redis://127.0.0.1:{closed_port()}/0"
-    result = hookbus(bus_settings, *command, HOOKBUS_REDIS_URL=url)
+    result = hookbus(bus_settings, *command, HOOKBUS_REDIS_URL=url, HOOKBUS_RETRY_SECS="1")
     assert result.returncode == 2
     where, line = result.stderr.splitlines()
     assert where.startswith(f"hookbus: talking to Redis at 127.0.0.1:{closed_port_of(url)} db 0")
