@@ -382,33 +382,21 @@ async def master_of_key(cluster: LocalCluster, key: str) -> int:
         await close(redis)
 
 
-def replica_port(cluster: LocalCluster, not_of: int) -> int:
-    """A replica node's port (the cluster stays ok without it), not the replica of ``not_of``."""
-    masters = cluster.master_ports()
-    return next(
-        n.port
-        for n in cluster.nodes
-        if n.port not in masters
-        and f"master_port:{not_of}" not in cluster.info(n, "info", "replication")
-    )
+def guarded(settings: BusSettings) -> bool:
+    """Guard listed with one live process by ``hookbus hooks list``."""
+    listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
+    return "Guard" in listed and listed["Guard"][8] == "1"
 
 
-async def test_operator_commands_start_with_a_seed_down_and_survive_a_failover(
-    procs: Processes, tmp_path: Path
-) -> None:
-    """The URL names several seed nodes; the first is down: ``hookbus worker``, ``check``,
-    ``hooks list`` and ``lag`` start from the next. Then the master of the events stream is
-    killed: ``lag`` and ``hooks list`` run during the promotion retry until it is over, and
-    ``events tail`` keeps following and shows an event published after it; no traceback, every
-    exit 0. On a cluster of its own, whose replicas take over after 3 s of silence (a window
-    the commands start in)."""
-    with LocalCluster(node_timeout_ms=3000) as cluster:
-        victim = await master_of_key(cluster, Keys("seeds").event_partitions[0])
-        down = replica_port(cluster, not_of=victim)
-        live = cluster.master_ports()[0]
+async def test_every_command_starts_from_any_live_seed_node(procs: Processes) -> None:
+    """The URL names several seed nodes and the first is down (the cluster otherwise ok):
+    ``hookbus worker``, ``check``, ``hooks list`` and ``lag`` start from the next."""
+    with LocalCluster() as cluster:
+        masters = cluster.master_ports()
+        down = next(n.port for n in cluster.nodes if n.port not in masters)  # a replica
         cluster.node(down).kill()
         settings = BusSettings(
-            redis_url=f"redis+cluster://127.0.0.1:{down},127.0.0.1:{live}/0",
+            redis_url=f"redis+cluster://127.0.0.1:{down},127.0.0.1:{masters[0]}/0",
             prefix="seeds",
             heartbeat_secs=0.2,
             liveness_secs=1.0,
@@ -416,15 +404,29 @@ async def test_operator_commands_start_with_a_seed_down_and_survive_a_failover(
         )
         keys = Keys.of(settings)
         procs.scripted(settings, HookConfig(name="Guard", events=[PRE]))
-
-        def guard_live() -> bool:
-            listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
-            return "Guard" in listed and listed["Guard"][8] == "1"
-
-        await wait_for(guard_live, 60, "the worker to start from the second seed")
+        await wait_for(lambda: guarded(settings), 60, "the worker to start from the second seed")
         assert hookbus(settings, "check").startswith("ok: ")
         assert keys.requests("Guard") in {r[0] for r in rows(hookbus(settings, "lag"))}
 
+
+async def test_operator_commands_survive_a_failover(procs: Processes, tmp_path: Path) -> None:
+    """The master of the events stream is killed: ``lag`` and ``hooks list``, started inside
+    the promotion window, retry until it is over; ``events tail`` keeps following and shows an
+    event published after it; no traceback, every exit 0. On a cluster of its own, whose
+    replicas take over after 3 s of silence (a window the commands start in)."""
+    with LocalCluster(node_timeout_ms=3000) as cluster:
+        settings = BusSettings(
+            redis_url=cluster.url.replace("redis://", "redis+cluster://", 1),
+            prefix="failover",
+            heartbeat_secs=0.2,
+            liveness_secs=1.0,
+            refresh_secs=0.2,
+        )
+        keys = Keys.of(settings)
+        stream = keys.event_partitions[0]
+        victim = await master_of_key(cluster, stream)
+        procs.scripted(settings, HookConfig(name="Guard", events=[PRE]))
+        await wait_for(lambda: guarded(settings), 60, "the worker to start")
         out, err = tmp_path / "tail.out", tmp_path / "tail.err"
         env = worker_env(settings, NO_COLOR="1", COLUMNS="250", PYTHONIOENCODING="utf-8")
         with out.open("wb") as stdout, err.open("wb") as stderr:
@@ -435,7 +437,6 @@ async def test_operator_commands_start_with_a_seed_down_and_survive_a_failover(
         redis = connect(settings)
         try:
             await wait_for(lambda: "following" in err.read_text(), 60, "events tail to start")
-            stream = keys.event_partitions[0]
             cluster.kill_master(victim)
             # Started inside the promotion window: their first commands find no master.
             during = [
