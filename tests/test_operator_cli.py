@@ -483,6 +483,17 @@ def test_unreachable_redis_is_said_where_and_that_it_is_unreachable_exit_code_2(
     assert result.stdout == ""
 
 
+def test_a_cluster_url_with_a_malformed_seed_is_one_line_naming_it(
+    bus_settings: BusSettings,
+) -> None:
+    url = "redis+cluster://127.0.0.1:7000,127.0.0.1:x/0"
+    result = hookbus(bus_settings, "lag", HOOKBUS_REDIS_URL=url)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "'127.0.0.1:x' is not a host:port seed" in line
+    assert "redis+cluster://h1:7000,h2:7001/0" in line  # the form it takes
+
+
 # -- tenants and repair -------------------------------------------------------------------------
 
 
