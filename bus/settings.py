@@ -141,6 +141,7 @@ KNOWN_VARIABLES = frozenset(
         "HOOKBUS_HEALTH_PORT",
         "HOOKBUS_LOG_FORMAT",
         "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY",
+        "HOOKBUS_RETRY_SECS",  # operator commands (workers/cli/common.py)
         # The HTTP gateway (workers/services/gateway.py) and the Claude Code command hook
         # (workers/integrations/command_hook.py): docs/integrations.md.
         *(f"HOOKBUS_GATEWAY_{v}" for v in ("HOST", "PORT", "TIMEOUT", "TOKEN", "TOKENS", "URL")),
@@ -226,6 +227,26 @@ def with_password(url: str, password: str) -> str:
 
 #: Accepted Redis URL schemes; the ``+cluster`` ones select redis-py's cluster client.
 URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+CLUSTER_URL_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def cluster_seeds(url: str) -> list[tuple[str, int]]:
+    """The seed nodes a ``redis+cluster://`` URL names, in order: one or more ``host:port``
+    separated by commas (``redis+cluster://user@h1:7000,h2:7001,[::1]:7002/0``; the port
+    defaults to 6379). Any one that answers is enough for the client to learn the cluster; a
+    name that resolves to several addresses is tried at each (bus/transport/redis_io.py)."""
+    rest = url.split("://", 1)[1]
+    hosts = re.split(r"[/?#]", rest.rsplit("@", 1)[-1], maxsplit=1)[0]
+    seeds = []
+    for item in hosts.split(","):
+        match = re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^:\[\]]+)(?::(\d+))?", item.strip())
+        if match is None or not 0 < int(match[2] or 6379) < 65536:
+            raise ConfigError(
+                f"Redis Cluster URL {redacted(url)!r}: {item.strip()!r} is not a host:port seed "
+                "(several are separated by commas: redis+cluster://h1:7000,h2:7001/0)"
+            )
+        seeds.append((match[1].strip("[]"), int(match[2] or 6379)))
+    return seeds
 
 
 class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -233,7 +254,10 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         redis_url: ``HOOKBUS_REDIS_URL`` (``redis://``, ``rediss://``, ``unix://``, or
-            ``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster).
+            ``redis+cluster://`` / ``rediss+cluster://`` for a Redis Cluster, naming one or
+            more seed nodes separated by commas, ``redis+cluster://h1:7000,h2:7001/0``, or a
+            DNS name that resolves to several: any live one is enough to start;
+            :func:`cluster_seeds`).
         prefix: ``HOOKBUS_PREFIX`` for every key (default ``hookbus``).
         heartbeat_secs: how often a worker refreshes its heartbeat (``HOOKBUS_HEARTBEAT_SECS``, 1).
         liveness_secs: a replica without a heartbeat for this long is dead
@@ -293,6 +317,8 @@ class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
         url = redis_url or env.get("HOOKBUS_REDIS_URL") or DEFAULT_REDIS_URL
         if not url.startswith(URL_SCHEMES):
             raise ConfigError(f"Redis URL {url!r} must start with {', '.join(URL_SCHEMES)}")
+        if url.startswith(CLUSTER_URL_SCHEMES):
+            cluster_seeds(url)  # one line now, not a traceback at the first command
         if password := env.get("HOOKBUS_REDIS_PASSWORD"):
             url = with_password(url, password)
         return cls(

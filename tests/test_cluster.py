@@ -25,16 +25,23 @@ from typing import Any
 
 import msgspec
 import pytest
+from redis.asyncio import Redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis.exceptions import RedisError
 
 from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings, MutateInput
 from bus.events import PostToolUseContext, PreToolUseContext, StepCompleteContext
+from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
 from bus.transport.keys import Keys, partition_tag, shard_tag
-from bus.transport.redis_io import connect
+from bus.transport.redis_io import close, connect
+from bus.transport.retention import Retention
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig
+from tests.test_retention import group_of, loss_records, publish_capped
+from workers.local.redis_cluster import LocalCluster
+from workers.ops.lag import consumer_lag
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -223,7 +230,8 @@ async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
 ) -> None:
     keys = Keys.of(settings)
     guard = HookConfig(name="Guard", events=[PRE])
-    procs.scripted(settings, guard, "--shards", str(SHARDS))
+    for _ in range(2):  # two processes, SHARDS lanes each
+        procs.scripted(settings, guard, "--shards", str(SHARDS))
     procs.worker(settings, "workers.builtins.metrics:AsyncMetricsHook", "metrics")
     sessions = sessions_covering(keys)
     out, err = tmp_path / "tail.out", tmp_path / "tail.err"
@@ -251,8 +259,12 @@ async def test_operator_commands_see_every_partition_and_shard_of_the_cluster(
     tailed = [line.split() for line in out.read_text().splitlines()]
     assert sorted(line[2] for line in tailed) == sorted(sessions)  # from all 6 partitions
 
-    listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
-    assert {"Guard", "AsyncMetricsHook"} <= set(listed)
+    async def both_listed() -> bool:
+        listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
+        return "AsyncMetricsHook" in listed and listed["Guard"][8] == f"2 ({2 * SHARDS} lanes)"
+
+    # Processes and their shard lanes apart: 2 processes, not 6 replicas.
+    await wait_for(both_listed, 60, "hooks list to show Guard's 2 processes and their lanes")
 
     lag = rows(hookbus(settings, "lag"))
     streams = {r[0] for r in lag}
@@ -300,3 +312,150 @@ async def test_stream_reads_and_blocking_pops_go_to_their_keys_master_without_a_
         assert getkeys_calls(redis_cluster) == 0
     finally:
         await redis.aclose()
+
+
+# -- failover ------------------------------------------------------------------------------------
+
+
+async def retried(step: Any) -> Any:
+    """``step()`` once the cluster client reaches the new master (a failover's errors retried)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        try:
+            return await step()
+        except (RedisError, OSError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # a retry's pace, not a synchronisation
+
+
+async def test_a_failover_is_no_loss_and_a_cut_after_it_is_counted_exactly() -> None:
+    """A promoted replica keeps a group's last-delivered-id but not its entries-read (Redis
+    7.0): nothing is reported lost for it (no dead letter, no lost counter, no LOST in ``hookbus
+    lag``), and a cut by the hard cap after the failover is counted exactly. On a cluster of its
+    own: a master is killed."""
+    with LocalCluster() as cluster:
+        settings = BusSettings(
+            redis_url=cluster.url.replace("redis://", "redis+cluster://", 1), prefix="failover"
+        )
+        keys = Keys.of(settings)
+        stream = keys.event_partitions[0]
+        redis = connect(settings)
+        retention = Retention(redis, keys)
+        try:
+            await retention.create_group(stream, "Late", "$")
+            await redis.hset(keys.lost("Late"), "seen", 0)  # as a hook service does
+            await publish_capped(redis, stream, [b"x"] * 500, 2000)
+            while (await retention.read(stream, "Late", "r1", 200))[0]:
+                pass
+            master: Any = redis.get_node_from_key(stream)  # type: ignore[attr-defined]
+            node = Redis(host=master.host, port=master.port)
+            assert await node.wait(1, 10_000) == 1  # the replica has every read
+            await node.aclose()
+            cluster.kill_master(master.port)
+            await asyncio.to_thread(cluster.wait_promoted, master.port)
+            promoted = await retried(lambda: group_of(redis, stream, "Late"))
+            assert promoted["entries-read"] != 500  # the fact this test is about
+            entries, gap, _ = await retried(lambda: retention.read(stream, "Late", "r1", 200))
+            assert (entries, gap) == ([], None)
+            assert (await group_of(redis, stream, "Late"))["entries-read"] == 500  # re-based
+            assert await loss_records(redis, keys, "Late") == []
+            [row] = [r for r in await consumer_lag(redis, keys, 200, 10) if r.stream == stream]
+            assert (row.lag, row.lost) == (0, 0)
+            # A real cut after the failover: counted exactly.
+            await publish_capped(redis, stream, [b"y"] * 6000, 2000)
+            length = await redis.xlen(stream)
+            _, gap, _ = await retention.read(stream, "Late", "r1", 200)
+            assert gap is not None and gap.count == 6000 - length
+        finally:
+            await close(redis)
+
+
+async def master_of_key(cluster: LocalCluster, key: str) -> int:
+    """The port of the master that serves ``key``."""
+    redis = connect(BusSettings(redis_url=cluster.url.replace("redis://", "redis+cluster://")))
+    try:
+        await redis.ping()  # the client learns the slots
+        node: Any = redis.get_node_from_key(key)  # type: ignore[attr-defined]
+        return int(node.port)
+    finally:
+        await close(redis)
+
+
+def guarded(settings: BusSettings) -> bool:
+    """Guard listed with one live process by ``hookbus hooks list``."""
+    listed = {r[0]: r for r in rows(hookbus(settings, "hooks", "list"))}
+    return "Guard" in listed and listed["Guard"][8] == "1"
+
+
+async def test_every_command_starts_from_any_live_seed_node(procs: Processes) -> None:
+    """The URL names several seed nodes and the first is down (the cluster otherwise ok):
+    ``hookbus worker``, ``check``, ``hooks list`` and ``lag`` start from the next."""
+    with LocalCluster() as cluster:
+        masters = cluster.master_ports()
+        down = next(n.port for n in cluster.nodes if n.port not in masters)  # a replica
+        cluster.node(down).kill()
+        settings = BusSettings(
+            redis_url=f"redis+cluster://127.0.0.1:{down},127.0.0.1:{masters[0]}/0",
+            prefix="seeds",
+            heartbeat_secs=0.2,
+            liveness_secs=1.0,
+            refresh_secs=0.2,
+        )
+        keys = Keys.of(settings)
+        procs.scripted(settings, HookConfig(name="Guard", events=[PRE]))
+        await wait_for(lambda: guarded(settings), 60, "the worker to start from the second seed")
+        assert hookbus(settings, "check").startswith("ok: ")
+        assert keys.requests("Guard") in {r[0] for r in rows(hookbus(settings, "lag"))}
+
+
+async def test_operator_commands_survive_a_failover(procs: Processes, tmp_path: Path) -> None:
+    """The master of the events stream is killed: ``lag`` and ``hooks list``, started inside
+    the promotion window, retry until it is over; ``events tail`` keeps following and shows an
+    event published after it; no traceback, every exit 0. On a cluster of its own, whose
+    replicas take over after 3 s of silence (a window the commands start in)."""
+    with LocalCluster(node_timeout_ms=3000) as cluster:
+        settings = BusSettings(
+            redis_url=cluster.url.replace("redis://", "redis+cluster://", 1),
+            prefix="failover",
+            heartbeat_secs=0.2,
+            liveness_secs=1.0,
+            refresh_secs=0.2,
+        )
+        keys = Keys.of(settings)
+        stream = keys.event_partitions[0]
+        victim = await master_of_key(cluster, stream)
+        procs.scripted(settings, HookConfig(name="Guard", events=[PRE]))
+        await wait_for(lambda: guarded(settings), 60, "the worker to start")
+        out, err = tmp_path / "tail.out", tmp_path / "tail.err"
+        env = worker_env(settings, NO_COLOR="1", COLUMNS="250", PYTHONIOENCODING="utf-8")
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            tail = subprocess.Popen(
+                [sys.executable, "-m", "workers.cli", "events", "tail", "--count", "1"],
+                env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            )  # fmt: skip
+        redis = connect(settings)
+        try:
+            await wait_for(lambda: "following" in err.read_text(), 60, "events tail to start")
+            cluster.kill_master(victim)
+            # Started inside the promotion window: their first commands find no master.
+            during = [
+                await asyncio.to_thread(hookbus, settings, *command)
+                for command in (["lag"], ["hooks", "list"])
+            ]
+            assert keys.requests("Guard") in {r[0] for r in rows(during[0])}
+            assert "Guard" in {r[0] for r in rows(during[1])}
+            await asyncio.to_thread(cluster.wait_promoted, victim)
+            message = EventMessage(
+                id=new_id(), ts=now_ms(), event=PRE, session_id="after-failover",
+                context=msgspec.Raw(b"{}"),
+            )  # fmt: skip
+            await retried(lambda: redis.xadd(stream, {DATA_FIELD: encode(message)}))
+            code = await asyncio.to_thread(tail.wait, 60)
+            assert code == 0 and "Traceback" not in err.read_text(), err.read_text()
+            assert "after-failover" in out.read_text()
+        finally:
+            if tail.poll() is None:
+                tail.kill()
+                tail.wait(10)
+            await close(redis)

@@ -198,6 +198,33 @@ async def test_consumer_lag_reports_at_risk_past_half_the_hard_cap(
     assert not safe[0].at_risk and risky[0].at_risk
 
 
+async def test_consumer_lag_survives_entries_acknowledged_between_xinfo_and_xpending(
+    bus_settings: BusSettings, r: redis.Redis
+) -> None:
+    """Under load a replica acknowledges between ``XINFO GROUPS`` (pending entries) and
+    ``XPENDING`` (none left, no ``min``): the row shows what XPENDING found, no crash. The race
+    is made deterministic: the acknowledgement runs just before XPENDING, on the real Redis."""
+    keys = Keys(bus_settings.prefix)
+    backlog(r, keys)  # Audit: 2 pending, 4 not yet delivered
+    client = connect(bus_settings)
+    real_xpending = client.xpending
+    acked: list[int] = []
+
+    async def ack_first(name: Any, groupname: Any) -> Any:
+        held: Any = await client.xpending_range(name, groupname, "-", "+", 100)
+        acked.append(await client.xack(name, groupname, *(p["message_id"] for p in held)))
+        return await real_xpending(name, groupname)
+
+    client.xpending = ack_first  # type: ignore[method-assign]
+    try:
+        rows = await consumer_lag(client, keys, events_maxlen=100, requests_maxlen=10)
+    finally:
+        await client.aclose()
+    assert acked == [2]
+    audit = next(g for g in rows if g.group == "Audit")
+    assert (audit.lag, audit.pending, audit.lost, audit.oldest_pending_secs) == (4, 0, 0, None)
+
+
 # -- events tail ----------------------------------------------------------------------------------
 
 
@@ -448,12 +475,23 @@ def test_unreachable_redis_is_said_where_and_that_it_is_unreachable_exit_code_2(
     bus_settings: BusSettings, command: list[str]
 ) -> None:
     url = f"redis://127.0.0.1:{closed_port()}/0"
-    result = hookbus(bus_settings, *command, HOOKBUS_REDIS_URL=url)
+    result = hookbus(bus_settings, *command, HOOKBUS_REDIS_URL=url, HOOKBUS_RETRY_SECS="1")
     assert result.returncode == 2
     where, line = result.stderr.splitlines()
     assert where.startswith(f"hookbus: talking to Redis at 127.0.0.1:{closed_port_of(url)} db 0")
     assert line.startswith(f"hookbus: cannot reach Redis at {url}: ")
     assert result.stdout == ""
+
+
+def test_a_cluster_url_with_a_malformed_seed_is_one_line_naming_it(
+    bus_settings: BusSettings,
+) -> None:
+    url = "redis+cluster://127.0.0.1:7000,127.0.0.1:x/0"
+    result = hookbus(bus_settings, "lag", HOOKBUS_REDIS_URL=url)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "'127.0.0.1:x' is not a host:port seed" in line
+    assert "redis+cluster://h1:7000,h2:7001/0" in line  # the form it takes
 
 
 # -- tenants and repair -------------------------------------------------------------------------

@@ -12,30 +12,38 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
+import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import hiredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
+from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import (
     AuthenticationError,
+    ClusterDownError,
     DataError,
+    NoPermissionError,
     RedisClusterException,
     RedisError,
     ResponseError,
+    TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookRetired, RedisAuthError
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
-from bus.settings import BusSettings
+from bus.settings import BusSettings, cluster_seeds
 from bus.transport.directory import read_manifest
 from bus.transport.keys import Keys
 
 log = logging.getLogger("hookbus.redis")
+T = TypeVar("T")
 _failures = RateLimitedLog(log)
 
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -224,7 +232,8 @@ class _AuthUnixConnection(_Watched, redis_connection.UnixDomainSocketConnection)
 
 
 #: URL schemes that name a Redis Cluster: ``redis+cluster://host:port`` (any one node; the
-#: client discovers the others) and ``rediss+cluster://`` with TLS.
+#: client discovers the others; several seeds separated by commas, ``h1:7000,h2:7001``, of
+#: which any live one is enough: bus.settings.cluster_seeds) and ``rediss+cluster://`` with TLS.
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
@@ -337,6 +346,50 @@ def _pairs(flat: list[bytes] | None) -> dict[bytes, bytes]:
     return dict(zip(it, it, strict=True))
 
 
+def retryable(exc: BaseException) -> bool:
+    """A Redis that cannot be reached now and may be soon: a connection refused or cut, a
+    timeout, a cluster without a master for a slot (a failover) or without a seed that answers;
+    never a refusal (NOPERM, a wrong password) or an error in the command."""
+    seen: BaseException | None = exc
+    while seen is not None:  # a cluster client wraps what its nodes answered
+        if isinstance(seen, NoPermissionError | AuthenticationError):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return isinstance(
+        exc,
+        RedisConnectionError | RedisTimeoutError | ClusterDownError | TryAgainError
+        | RedisClusterException | OSError,
+    )  # fmt: skip
+
+
+async def until_reachable(step: Callable[[], Awaitable[T]], deadline: float) -> T:
+    """``step()``, again while it fails because Redis cannot be reached (:func:`retryable`),
+    until ``deadline`` (the event loop's clock); then what it raised."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            return await step()
+        except Exception as exc:
+            if not retryable(exc) or loop.time() >= deadline:
+                raise
+        await asyncio.sleep(min(0.5, max(0.0, deadline - loop.time())))  # a retry's pace
+
+
+def _seed_nodes(seeds: list[tuple[str, int]], scheme: str) -> list[tuple[str, int]]:
+    """Every seed, and (without TLS, whose certificates name hosts) each address its name
+    resolves to; a name that does not resolve now stays, to be tried when connecting."""
+    nodes = list(seeds)
+    if scheme.startswith("rediss"):
+        return nodes
+    for host, port in seeds:
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        nodes.extend((str(info[4][0]), port) for info in found)
+    return list(dict.fromkeys(nodes))
+
+
 def connect(settings: BusSettings) -> Redis:
     """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand.
 
@@ -346,8 +399,18 @@ def connect(settings: BusSettings) -> Redis:
     """
     scheme, _, rest = settings.redis_url.partition("://")
     if scheme in CLUSTER_SCHEMES:
+        # The URL's first seed is redis-py's; the others, and every address a seed's name
+        # resolves to (a headless Service's DNS name, say), are more startup nodes: the client
+        # learns the cluster from the first that answers.
+        seeds = cluster_seeds(settings.redis_url)
+        userinfo = rest.rsplit("@", 1)[0] + "@" if "@" in rest else ""
+        tail = rest.rsplit("@", 1)[-1]
+        tail = tail[len(re.split(r"[/?#]", tail, maxsplit=1)[0]) :]
+        host, port = seeds[0]
+        shown = f"[{host}]" if ":" in host else host
         cluster = ClusterClient.from_url(
-            f"{CLUSTER_SCHEMES[scheme]}://{rest}",
+            f"{CLUSTER_SCHEMES[scheme]}://{userinfo}{shown}:{port}{tail}",
+            startup_nodes=[ClusterNode(h, p) for h, p in _seed_nodes(seeds, scheme)],
             socket_connect_timeout=2,
             socket_timeout=SOCKET_TIMEOUT,
             health_check_interval=0,

@@ -25,8 +25,11 @@ The streams: ``{p}:events``, each async hook's ``{p}:hook:{name}:replay`` and th
 Why a script: Redis 7.0 has no ``XADD``/``XTRIM`` option that keeps what groups still need
 (``KEEPREF``/``ACKED`` came in 8.2), and a gap must be settled just before the read: a read
 that crosses it makes Redis count the first entry after the gap as the next one read, and the
-range of the loss is lost (its size is still found at the stream's end). The scripts touch one
-key, the stream, so they run on Redis Cluster too.
+loss goes uncounted: at the stream's end a counter short of entries-added is what a failover or
+a restart from the AOF leaves too (a replica keeps a group's last-delivered-id, not its
+entries-read), so it is re-based, not reported. A loss is counted only while the group's last
+delivered entry is gone from the stream (retention keeps it), which no failover fakes. The scripts
+touch one key, the stream, so they run on Redis Cluster too.
 """
 
 from __future__ import annotations
@@ -116,8 +119,16 @@ end
 # the gap test below compares with the length; estimated, entries-read is unknown, and the test
 # below finds no gap then either. It spares XINFO STREAM, whose reply carries the first and last
 # entries into Lua: about half of the script's time (19 µs a call before, on Redis's CPU). A
-# group at the stream's end with a lag (a loss crossed uncounted) reads nothing, and the caller
-# then runs the full check (Retention.read).
+# group at the stream's end with a lag (its counter reset by a failover) reads nothing, and the
+# caller then runs the full check (Retention.read).
+#
+# Failovers and restarts: a replica keeps a group's last-delivered-id but not its entries-read
+# (Redis 7.0 propagates XREADGROUP as XCLAIM … LASTID), and an AOF replays the same commands, so
+# a promoted replica or a Redis restarted from its AOF holds a counter that may be short by any
+# number of entries. A loss is therefore never taken from the counters alone: only when the
+# group's last delivered entry is gone from the stream (retention keeps it: group_backlogs), the
+# one case where entries the group has yet to read can be gone. At the stream's end nothing can
+# be gone, and the counter is re-based (exact again) without a report.
 _CHECK = (
     _LUA_HELPERS
     + """
@@ -139,20 +150,21 @@ local info = redis.call('XINFO', 'STREAM', stream)
 local added, length = field(info, 'entries-added'), field(info, 'length')
 local last = field(info, 'last-generated-id')
 local delivered, read = field(g, 'last-delivered-id'), field(g, 'entries-read')
+local first = false
+if length > 0 then first = field(info, 'recorded-first-entry-id') end
 local gap = false
-if not read and delivered == last then
-  -- Redis lost its count (a group made without one): at the stream's end it is known again.
-  redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added)
-elseif read then
-  local first = false
-  if length > 0 then first = field(info, 'recorded-first-entry-id') end
-  if (not first or cmp(delivered, first) < 0) and added - read > length then
+if delivered == last then
+  -- Nothing after the group's last entry can be gone: no loss, whatever the counter says. A
+  -- counter Redis lost (a group made without one), or one a failover or a restart from the AOF
+  -- reset (a replica keeps last-delivered-id, not entries-read), is exact again.
+  if read ~= added then
+    redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added)
+  end
+elseif read and (not first or cmp(delivered, first) < 0) then
+  -- Entries after the group's last one are gone: those the counters say it never read.
+  if added - read > length then
     gap = {added - read - length, delivered, first or '+'}
     redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added - length)
-  elseif delivered == last and added > read then
-    -- A loss a reader crossed without counting (an older replica): the range is unknown.
-    gap = {added - read, '-', delivered}
-    redis.call('XGROUP', 'SETID', stream, group, delivered, 'ENTRIESREAD', added)
   end
 end
 return {gap, last}
@@ -201,6 +213,11 @@ class Retention:
         self.keys = keys
         self._check = redis.register_script(_CHECK)
         self._create = redis.register_script(_CREATE)
+        #: Streams read through this client's connections since the last connection error: the
+        #: node that serves each had the check script at the last read. Any other stream (a new
+        #: client, a restarted Redis, a new master after a failover) is checked alone before its
+        #: first read (:meth:`read`).
+        self._loaded: set[str] = set()
 
     # -- groups --------------------------------------------------------------------------------
 
@@ -223,28 +240,53 @@ class Retention:
         A ``count`` of 0 reads nothing (Redis would read everything: ``COUNT 0``)."""
         if not count:
             return [], *await self._settled(stream, group)
-        # The check, then the read, pipelined: Redis runs the commands a client sent together
-        # one after the other before it serves another client, so no trim falls between them.
-        # (Should one ever, the loss is still counted, from the same counters, once the group
-        # reaches the stream's end: without its range.) Not MULTI/EXEC: it costs the consumer
-        # about 0.6 µs an event for no guarantee the pipeline lacks in practice. Not the read
-        # inside the script: every entry would be copied into Lua and back (measured: about
-        # half of Redis's work per event). EVALSHA directly: a pipeline holding a redis-py
-        # Script sends SCRIPT EXISTS before every execution (and redis-py's cluster pipeline
-        # refuses its evalsha method, not the command: both commands name the one stream).
-        checked, got = await pipelined(
-            self.redis,
-            [
-                ("EVALSHA", self._check.sha, 1, stream, group, "1"),
-                ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", stream, ">"),
-            ],
-        )
+        # The check, then the read, pipelined: Redis runs the commands a client sent together one
+        # after the other before it serves another client, so no trim falls between them. (Should
+        # one ever, the read crosses the gap and the loss goes uncounted: a counter short at the
+        # stream's end is what a failover leaves too, and is re-based.) Not MULTI/EXEC: it costs the
+        # consumer about 0.6 µs an event for no guarantee the pipeline lacks in practice. Not the
+        # read inside the script: every entry would be copied into Lua and back (measured: about
+        # half of Redis's work per event). EVALSHA directly: a pipeline holding a redis-py Script
+        # sends SCRIPT EXISTS before every execution (and redis-py's cluster pipeline refuses its
+        # evalsha method, not the command: both commands name the one stream).
+        #
+        # A node that may not have the script (this client's first read of the stream, or the
+        # first since a connection failed: Redis restarted, or a replica took over) would answer
+        # NOSCRIPT and the read would run unchecked, crossing any gap without counting it: the
+        # check runs alone first (loading the script), and a gap it settles is returned with no
+        # entries (the next read goes on).
+        if stream not in self._loaded:
+            first_gap, last = await self._settled(stream, group)
+            self._loaded.add(stream)
+            if first_gap is not None:
+                return [], first_gap, last
+        try:
+            checked, got = await pipelined(
+                self.redis,
+                [
+                    ("EVALSHA", self._check.sha, 1, stream, group, "1"),
+                    (
+                        "XREADGROUP",
+                        "GROUP",
+                        group,
+                        consumer,
+                        "COUNT",
+                        count,
+                        "STREAMS",
+                        stream,
+                        ">",
+                    ),
+                ],
+            )
+        except BaseException:
+            self._loaded.clear()  # the next connection may reach another Redis
+            raise
         if isinstance(got, Exception):
             raise got
         entries: list[Entry] = []
         for _, batch in got or ():
             entries.extend(batch)
-        if isinstance(checked, NoScriptError):  # Redis restarted: read, then check
+        if isinstance(checked, NoScriptError):  # Redis lost its scripts (SCRIPT FLUSH)
             gap, last = await self._settled(stream, group)
         elif isinstance(checked, Exception):
             raise checked
@@ -357,7 +399,8 @@ class Retention:
 
 
 async def group_backlogs(redis: Redis, stream: str) -> dict[str, dict[str, Any]]:
-    """Per group: lag (not yet delivered), pending, and the oldest id it still needs."""
+    """Per group: lag (not yet delivered), pending, and the oldest id it still needs (its
+    oldest pending entry, or its last delivered one)."""
     try:
         groups: Any = await redis.xinfo_groups(stream)
     except ResponseError:  # no stream yet
@@ -365,8 +408,9 @@ async def group_backlogs(redis: Redis, stream: str) -> dict[str, dict[str, Any]]
     out: dict[str, dict[str, Any]] = {}
     for g in groups:
         name = _text(g["name"])
+        # Its last delivered entry too: while it is in the stream, nothing the group has yet to
+        # read can be gone, whatever a failover did to Redis's count (_CHECK).
         needs = _id(g["last-delivered-id"])
-        needs = (needs[0], needs[1] + 1)
         if g["pending"]:
             summary: Any = await redis.xpending(stream, name)
             if summary["min"] is not None:  # None: acknowledged since XINFO GROUPS answered

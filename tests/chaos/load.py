@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,7 @@ class GuardedAgents:
         self.ran: list[dict[str, Any]] = []
         self.latencies: list[float] = []
         self.outcomes = {"checked": 0, self.BLOCKED: 0}
+        self.blocked_at: list[float] = []  # when each block came (time.monotonic())
 
         async def act(args: dict[str, Any]) -> str:
             self.ran.append(dict(args))
@@ -123,6 +125,7 @@ class GuardedAgents:
                 result = await self.executor.execute_parallel(f"s{n}", [call("act", x=i)], step=i)
                 if any(b.hook_name == "Guard" for b in result.blocking_errors):
                     self.outcomes[self.BLOCKED] += 1
+                    self.blocked_at.append(time.monotonic())
                 else:
                     self.outcomes["checked"] += 1
 
@@ -135,6 +138,9 @@ class GuardedAgents:
             **self.outcomes,
             "tool runs": len(self.ran),
             "tool runs unchecked": sum(a != {"x": -1} for a in self.ran),
+            "blocks, first to last (s)": (
+                f"{self.blocked_at[-1] - self.blocked_at[0]:.1f}" if self.blocked_at else "-"
+            ),
             "dispatch p50 / max (s)": f"{ordered[len(ordered) // 2]:.4f} / {ordered[-1]:.3f} "
             f"(deadline {GUARD_TIMEOUT:g} s)",
         }

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import ConfigError
@@ -59,7 +59,7 @@ def run_check(args: argparse.Namespace, probe: Probe) -> int:
         ok, message = asyncio.run(run())
     except TimeoutError:
         ok, message = False, f"no answer from Redis at {url} within {CHECK_TIMEOUT_SECS:g}s"
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+    except (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError) as exc:
         ok, message = False, f"cannot reach Redis at {url}: {exc}"
     except RedisError as exc:
         ok, message = False, f"Redis at {url} refused the check: {exc}"

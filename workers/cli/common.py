@@ -87,22 +87,51 @@ def freeze_start_up_heap() -> None:
     gc.freeze()
 
 
+#: How long an operator command keeps retrying while Redis cannot be reached (a failover's
+#: promotion, a seed node down, a restart) before it gives up with one line
+#: (``HOOKBUS_RETRY_SECS``).
+DEFAULT_RETRY_SECS = 15.0
+
+
+def retry_secs() -> float:
+    value = os.environ.get("HOOKBUS_RETRY_SECS", "")
+    try:
+        return max(0.0, float(value)) if value else DEFAULT_RETRY_SECS
+    except ValueError:
+        raise UsageError(f"HOOKBUS_RETRY_SECS={value!r} is not a number of seconds") from None
+
+
 def with_redis(
-    args: argparse.Namespace, work: Callable[[Redis, Keys, BusSettings], Awaitable[T]]
+    args: argparse.Namespace,
+    work: Callable[[Redis, Keys, BusSettings], Awaitable[T]],
+    *,
+    reads_only: bool = False,
 ) -> T:
-    """Run ``work`` with a client on the bus's Redis, closed afterwards."""
+    """Run ``work`` with a client on the bus's Redis, closed afterwards. While Redis cannot be
+    reached (a failover, a seed node down, a restart) the client retries its first command
+    for up to ``HOOKBUS_RETRY_SECS`` (15 s); ``reads_only`` work, which may run twice, is
+    retried as a whole too. Giving up is one line (workers/cli/__init__.py)."""
     from bus.transport.keys import Keys
-    from bus.transport.redis_io import connect
+    from bus.transport.redis_io import close, connect, until_reachable
 
     settings = settings_of(args)
     announce_redis(args, settings)
 
     async def run() -> T:
-        redis = connect(settings)
-        try:
-            return await work(redis, Keys.of(settings), settings)
-        finally:
-            await redis.aclose()
+        deadline = asyncio.get_running_loop().time() + retry_secs()
+
+        async def attempt(check: bool) -> T:
+            redis = connect(settings)
+            try:
+                if check:
+                    await until_reachable(redis.ping, deadline)
+                return await work(redis, Keys.of(settings), settings)
+            finally:
+                await close(redis)
+
+        if reads_only:
+            return await until_reachable(lambda: attempt(False), deadline)
+        return await attempt(True)
 
     return asyncio.run(run())
 
@@ -153,7 +182,11 @@ def describe_redis(url: str) -> str:
     if parts.scheme.startswith("rediss"):
         where += " (TLS)"
     if parts.scheme.endswith("+cluster"):
-        return f"the Redis Cluster seeded by {where}, {who}"
+        from bus.settings import cluster_seeds
+
+        seeds = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in cluster_seeds(url))
+        tls = " (TLS)" if parts.scheme.startswith("rediss") else ""
+        return f"the Redis Cluster seeded by {seeds}{tls}, {who}"
     db = parts.path.strip("/") or query.get("db", ["0"])[0]
     return f"Redis at {where} db {db}, {who}"
 

@@ -22,6 +22,7 @@ from workers.cli.common import (
     add_redis_options,
     announce_redis,
     duration,
+    retry_secs,
     settings_of,
     with_redis,
 )
@@ -76,7 +77,7 @@ def _hooks_list(args: argparse.Namespace) -> int:
         rows = await list_hooks(redis, keys, settings.liveness_secs)
         make_console().print(render_hooks(rows, keys, settings.liveness_secs))
 
-    with_redis(args, work)
+    with_redis(args, work, reads_only=True)
     return 0
 
 
@@ -182,7 +183,7 @@ def _lag(args: argparse.Namespace) -> int:
         )  # fmt: skip
         make_console().print(render_lag(rows))
 
-    with_redis(args, work)
+    with_redis(args, work, reads_only=True)
     return 0
 
 
@@ -204,10 +205,11 @@ def _events_tail(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        start = await events_end(redis, keys)
+        start = await events_end(redis, keys, retry_secs())
         err.print(f"following {len(start)} events partition(s) (Ctrl-C to stop)", markup=False)
         shown = 0
-        async with contextlib.aclosing(follow_events(redis, keys, start, stop)) as stream:
+        following = follow_events(redis, keys, start, stop, retry_secs=retry_secs())
+        async with contextlib.aclosing(following) as stream:
             async for event in stream:
                 if event.problem:  # not an event at all: said on stderr, never counted
                     err.print(render_event(event), soft_wrap=True)
@@ -236,7 +238,7 @@ def _dlq_list(args: argparse.Namespace) -> int:
         letters, more = await list_dead_letters(redis, keys, hook, args.limit)
         make_console().print(render_dead_letters(letters, more, keys, hook))
 
-    with_redis(args, work)
+    with_redis(args, work, reads_only=True)
     return 0
 
 
@@ -251,7 +253,7 @@ def _audit_list(args: argparse.Namespace) -> int:
         records, broken = await list_audit(redis, keys, args.limit)
         make_console().print(render_audit(records, broken, keys))
 
-    with_redis(args, work)
+    with_redis(args, work, reads_only=True)
     return 0
 
 
@@ -269,7 +271,7 @@ def _dlq_show(args: argparse.Namespace) -> int:
         make_console().print(render_dead_letter(letter))
         return 0
 
-    return with_redis(args, work)
+    return with_redis(args, work, reads_only=True)
 
 
 def _with_progress(
@@ -302,7 +304,7 @@ def _dlq_replay(args: argparse.Namespace) -> int:
         rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
         return total, rows[0].live if rows else 0, keys.replay(hook)
 
-    total, live, replay_stream = with_redis(args, count)
+    total, live, replay_stream = with_redis(args, count, reads_only=True)
     if total == 0:
         print(f"no dead letters of {hook}: nothing re-fed")
         return 0
@@ -330,7 +332,7 @@ def _dlq_purge(args: argparse.Namespace) -> int:
     async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, str | None]:
         return await count_dead_letters(redis, keys, hook)
 
-    total, newest = with_redis(args, count)
+    total, newest = with_redis(args, count, reads_only=True)
     if total == 0 or newest is None:
         print(f"no dead letters{whose}: nothing to delete")
         return 0
@@ -429,7 +431,7 @@ def _metrics(args: argparse.Namespace) -> int:
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         make_console().print(render_metrics(await collect_metrics(redis, keys)))
 
-    with_redis(args, work)
+    with_redis(args, work, reads_only=True)
     return 0
 
 

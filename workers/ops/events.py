@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from bus.errors import HookBusError, InvalidInputError
 from bus.protocol import DATA_FIELD, EventMessage, decode
 from bus.transport.keys import Keys
+from bus.transport.redis_io import until_reachable
 from workers.ops.common import _DATA, CHUNK, _id_ms, _text
 
 
@@ -50,28 +51,47 @@ def _tailed(entry_id: str, fields: Mapping[bytes, bytes] | None) -> TailedEvent:
     )
 
 
-async def events_end(redis: Redis, keys: Keys) -> dict[str, str]:
-    """The id of the newest event of each partition (``0-0`` if empty): tail from there."""
+async def events_end(redis: Redis, keys: Keys, retry_secs: float = 0.0) -> dict[str, str]:
+    """The id of the newest event of each partition (``0-0`` if empty): tail from there. Each
+    read is retried while Redis cannot be reached, for up to ``retry_secs``."""
     ends: dict[str, str] = {}
+    loop = asyncio.get_running_loop()
     for partition in keys.event_partitions:
-        last: Any = await redis.xrevrange(partition, count=1)
+        last: Any = await until_reachable(
+            lambda p=partition: redis.xrevrange(p, count=1), loop.time() + retry_secs
+        )
         ends[partition] = _text(last[0][0]) if last else "0-0"
     return ends
 
 
 async def follow_events(
-    redis: Redis, keys: Keys, after: dict[str, str], stop: asyncio.Event, *, block_ms: int = 500
+    redis: Redis,
+    keys: Keys,
+    after: dict[str, str],
+    stop: asyncio.Event,
+    *,
+    block_ms: int = 500,
+    retry_secs: float = 0.0,
 ) -> AsyncGenerator[TailedEvent, None]:
     """Events added after the ids ``after`` (per partition), as they arrive, until ``stop``.
     One partition blocks per read (each may be on another cluster node); the others are
-    polled between, so no partition waits longer than ``block_ms``."""
+    polled between, so no partition waits longer than ``block_ms``. A read that cannot reach
+    Redis (a failover's promotion, a restart) is retried, from the same ids, for up to
+    ``retry_secs`` each time; then what it raised."""
     cursors = dict(after)
     partitions = list(keys.event_partitions)
     turn = 0
+    loop = asyncio.get_running_loop()
+
+    async def xread(streams: dict[str, str], **options: Any) -> Any:
+        return await until_reachable(
+            lambda: redis.xread(streams, **options), loop.time() + retry_secs
+        )
+
     while not stop.is_set():
         found = False
         for partition in partitions:
-            response: Any = await redis.xread({partition: cursors[partition]}, count=CHUNK)
+            response: Any = await xread({partition: cursors[partition]}, count=CHUNK)
             for _, entries in response or ():
                 for raw_id, fields in entries:
                     found = True
@@ -81,7 +101,7 @@ async def follow_events(
             partition = partitions[turn % len(partitions)]
             turn += 1
             wait = max(20, block_ms // len(partitions))
-            await redis.xread({partition: cursors[partition]}, count=1, block=wait)
+            await xread({partition: cursors[partition]}, count=1, block=wait)
 
 
 def event_matches(

@@ -42,8 +42,10 @@ class HookRow:
     failure_policy: str = ""
     priority: int | None = None
     timeout: float | None = None
-    live: int = 0  # replicas whose heartbeat is within liveness_secs
-    replicas: int = 0  # replicas in the zset, live or not
+    live: int = 0  # replica processes whose heartbeat is within liveness_secs
+    replicas: int = 0  # replica processes in the zset, live or not
+    live_lanes: int = 0  # of the live processes' lanes (``--shards S``: S lanes a process)
+    lanes: int = 0  # lanes in the zset, live or not (one member each)
     last_heartbeat_secs: float | None = None  # seconds since the freshest heartbeat
     problem: str = ""
     mode: str = ""  # the mode coordinators apply: the operator's override, else the manifest's
@@ -71,7 +73,9 @@ async def list_hooks(
     rows: list[HookRow] = []
     for raw_name, value in sorted(manifests.items()):
         name = _text(raw_name)
-        live, total, last, stopped = await replica_summary(redis, keys, name, liveness_secs, now)
+        counts = await replica_counts(redis, keys, name, liveness_secs, now)
+        live, total, last, stopped = counts.summary
+        lanes = {"live_lanes": counts.live_lanes, "lanes": counts.lanes}
         tomb = retired_hook(value)
         if tomb is not None:
             by = f" by {tomb.by}" if tomb.by else ""
@@ -79,7 +83,7 @@ async def list_hooks(
                 f"removed{by} {_ago(_secs(now - tomb.at))} ago; coordinators ignore it "
                 f"(hookbus hooks restore {name} to serve it again)"
             )
-            row = HookRow(name, kind="removed", live=live, replicas=total, problem=problem)
+            row = HookRow(name, kind="removed", live=live, replicas=total, problem=problem, **lanes)
             rows.append(dataclasses.replace(row, last_heartbeat_secs=last, stopped_secs=stopped))
             continue
         try:
@@ -99,6 +103,7 @@ async def list_hooks(
                     last_heartbeat_secs=last,
                     problem=problem,
                     stopped_secs=stopped,
+                    **lanes,
                 )
             )
             continue
@@ -123,31 +128,75 @@ async def list_hooks(
                 mode=override if by_operator and override else manifest.mode,
                 mode_set_by_operator=by_operator,
                 stopped_secs=stopped,
+                **lanes,
             )
         )
     return rows
 
 
-async def replica_summary(
+@dataclass(frozen=True)
+class ReplicaCounts:
+    """A hook's replicas: processes, and their lanes (a sync worker started with ``--shards S``
+    serves S request shards, one lane each, each with its own heartbeat member
+    ``host-pid-xxxx#k``); times in seconds."""
+
+    live: int = 0  # processes with a live lane
+    processes: int = 0
+    live_lanes: int = 0
+    lanes: int = 0
+    last_heartbeat_secs: float | None = None
+    stopped_secs: float | None = None
+
+    @property
+    def summary(self) -> tuple[int, int, float | None, float | None]:
+        return self.live, self.processes, self.last_heartbeat_secs, self.stopped_secs
+
+
+def process_of(member: str) -> str:
+    """The process a heartbeat member belongs to: a lane's member ``host-pid-xxxx#k`` (a fresh
+    ``xxxx`` per lane) is ``host-pid``; any other member is a process of its own."""
+    if "#" not in member:
+        return member
+    return member.rsplit("#", 1)[0].rsplit("-", 1)[0]
+
+
+async def replica_counts(
     redis: Redis, keys: Keys, name: str, liveness_secs: float, now: int
-) -> tuple[int, int, float | None, float | None]:
-    """Live replicas, replicas, seconds since the last heartbeat and since the last clean stop."""
+) -> ReplicaCounts:
+    """A hook's replica processes and lanes, live and in all, and the last heartbeat and clean
+    stop."""
     try:
         check_name("hook name", name)
     except HookBusError:
-        return 0, 0, None, None
+        return ReplicaCounts()
     beats: Any = await redis.zrange(keys.replicas(name), 0, -1, withscores=True)
     stopped = None
-    scores = []
-    for member, score in beats:
-        if _text(member) == Keys.STOPPED_MEMBER:
+    scores: dict[str, float] = {}
+    for raw, score in beats:
+        member = _text(raw)
+        if member == Keys.STOPPED_MEMBER:
             stopped = _secs(now + float(score))  # scored -(epoch ms of the stop)
         else:
-            scores.append(float(score))
+            scores[member] = float(score)
     if not scores:
-        return 0, 0, None, stopped
-    live = sum(1 for s in scores if now - s <= liveness_secs * 1000)
-    return live, len(scores), _secs(now - max(scores)), stopped
+        return ReplicaCounts(stopped_secs=stopped)
+    live = [m for m, s in scores.items() if now - s <= liveness_secs * 1000]
+    return ReplicaCounts(
+        live=len({process_of(m) for m in live}),
+        processes=len({process_of(m) for m in scores}),
+        live_lanes=len(live),
+        lanes=len(scores),
+        last_heartbeat_secs=_secs(now - max(scores.values())),
+        stopped_secs=stopped,
+    )
+
+
+async def replica_summary(
+    redis: Redis, keys: Keys, name: str, liveness_secs: float, now: int
+) -> tuple[int, int, float | None, float | None]:
+    """Live replica processes, replica processes, seconds since the last heartbeat and since
+    the last clean stop."""
+    return (await replica_counts(redis, keys, name, liveness_secs, now)).summary
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,9 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
         else:
             last = _ago(r.last_heartbeat_secs) if r.replicas else "never"
         live = f"{r.live} of {r.replicas}" if r.replicas != r.live else str(r.live)
+        if r.lanes > r.replicas:  # --shards: processes, and their lanes apart
+            lanes = f"{r.live_lanes} of {r.lanes}" if r.lanes != r.live_lanes else str(r.lanes)
+            live += f" ({lanes} lanes)"
         if r.problem:
             cells = (r.name, r.kind, "-", "-", "-", "-", "-", "-", live, last, r.problem)
             _row(table, *cells, style="red")
