@@ -367,7 +367,7 @@ async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
         dlq: list[Any] = []
 
         async def dead_letters() -> int:
-            dlq[:] = await redis.xrange(keys.dlq)
+            dlq[:] = await redis.xrange(keys.hook_dlq("Sturdy"))  # the hook's own unit
             return len(dlq)
 
         await wait_for(lambda: _at_least(dead_letters(), 2), timeout=10, what="2 dead letters")

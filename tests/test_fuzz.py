@@ -53,7 +53,7 @@ from bus.protocol import (
 from bus.schema import MESSAGES
 from bus.settings import BusSettings
 from bus.transport.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
-from tests.harness import Processes, wait_for, wait_live, worker_env
+from tests.harness import Processes, all_dead_letters, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig, Scripted
 from workers.ops.replay import replay_dead_letters
 from workers.services.coordinator_service import Source
@@ -526,7 +526,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
             return True
 
         await wait_for(settled, timeout=60, what="every entry acknowledged")
-        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        letters = await all_dead_letters(redis, keys)
         for stream, (_, groups) in streams.items():
             mine = [f for f in letters if f[b"source"] == stream.encode()]
             per_entry: dict[bytes, int] = {}
@@ -541,7 +541,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
         assert refed == len(written[ev(keys)]) + len(written[keys.replay("Ledger")])
         await wait_for(settled, timeout=60, what="re-fed dead letters acknowledged")
         again = [
-            f for _, f in await redis.xrange(keys.dlq)
+            f for f in await all_dead_letters(redis, keys)
             if f[b"source"] == keys.replay("Ledger").encode() and f[b"hook"] == b"Ledger"
         ]  # fmt: skip
         assert len(again) == refed
@@ -622,11 +622,11 @@ async def test_400_poison_messages_log_a_bounded_number_of_lines(
                 info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
                 if info[group]["pending"] or info[group]["lag"]:
                     return False
-            return await redis.xlen(keys.dlq) >= 1200
+            return len(await all_dead_letters(redis, keys)) >= 1200
 
         await wait_for(all_dead_lettered, timeout=60, what="1,200 dead letters")
         handled_in = time.monotonic() - t0
-        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        letters = await all_dead_letters(redis, keys)
         for stream in streams:
             assert sum(f[b"source"] == stream.encode() for f in letters) == 400, stream
         # The count of what was not logged line by line comes at the end of the interval.

@@ -368,7 +368,7 @@ class Coordinator(EventRunner):
         self.spawn(
             dead_letter(
                 self.redis,
-                self.keys,
+                self.keys.dlq,
                 self.keys.events(str(session_of(ctx))),
                 f"{event.value} refused: {error}",
                 b"",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 from collections import OrderedDict
@@ -33,7 +34,7 @@ from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
 from bus.transport.directory import read_manifest
-from bus.transport.keys import Keys
+from bus.transport.keys import DLQ_DATA_BYTES, DLQ_MAXLEN, Keys
 
 log = logging.getLogger("hookbus.redis")
 _failures = RateLimitedLog(log)
@@ -629,7 +630,7 @@ async def keep_and_claim(
         async with redis.pipeline(transaction=False) as pipe:
             for entry_id in deleted:
                 letter = dead_letter_entry(stream, reason, b"", entry_id=entry_id.decode(), **extra)
-                pipe.xadd(dlq, letter, maxlen=100_000, approximate=True)
+                xadd_dead_letter(pipe, dlq, letter)
             await pipe.execute()
         log.error(
             "%d pending entries of %s (group %s) were %s; first %s",
@@ -724,23 +725,51 @@ async def hand_over(
     return len(ids)
 
 
+def bounded_data(data: Any) -> dict[str, str | bytes]:
+    """A message as a dead letter keeps it: at most its first ``DLQ_DATA_BYTES`` (``data``),
+    with its whole ``size`` and SHA-256 (``sha256``); ``cut`` = 1 if the prefix is not all of
+    it (such a letter is never replayed)."""
+    if isinstance(data, bytes):
+        whole = data
+    else:
+        whole = (data if isinstance(data, str) else repr(data)).encode("utf-8", "surrogatepass")
+    if not whole:
+        return {"data": b""}
+    fields: dict[str, str | bytes] = {
+        "data": whole[:DLQ_DATA_BYTES],
+        "size": str(len(whole)),
+        "sha256": hashlib.sha256(whole).hexdigest(),
+    }
+    if len(whole) > DLQ_DATA_BYTES:
+        fields["cut"] = "1"
+    return fields
+
+
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:
-    """The fields of one dead letter: where it came from, why, the message, when (+ extra)."""
+    """The fields of one dead letter: where it came from, why, the message (a bounded prefix,
+    its size and digest: :func:`bounded_data`), when (+ extra, each at most 300 characters).
+    So one letter takes at most ~7 KiB, whatever it records."""
     return {
-        "source": source,
+        "source": source[:300],
         "reason": reason[:2000],
-        "data": data if isinstance(data, bytes | str) else repr(data),
+        **bounded_data(data),
         "ts": str(now_ms()),
-        **extra,
+        **{k: str(v)[:300] for k, v in extra.items()},
     }
 
 
+def xadd_dead_letter(pipe: Any, dlq: str, letter: dict[Any, Any]) -> Any:
+    """XADD one letter to a unit's dead-letter stream, capped (``DLQ_MAXLEN``)."""
+    return pipe.xadd(dlq, letter, maxlen=DLQ_MAXLEN, approximate=True)
+
+
 async def dead_letter(
-    redis: Redis, keys: Keys, source: str, reason: str, data: Any, **extra: str
+    redis: Redis, dlq: str, source: str, reason: str, data: Any, **extra: str
 ) -> None:
-    """Keep a message nobody could use, with why, in ``{p}:dlq`` (bounded)."""
+    """Keep a message nobody could use, with why, in the dead-letter stream ``dlq`` of the
+    unit it concerns (``Keys.dlq``, ``Keys.hook_dlq``, ``Keys.tenant_dlq``; bounded)."""
     entry = dead_letter_entry(source, reason, data, **extra)
     try:
-        await redis.xadd(keys.dlq, entry, maxlen=100_000, approximate=True)
+        await xadd_dead_letter(redis, dlq, entry)
     except UNREACHABLE as exc:
         _failures.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)

@@ -194,7 +194,8 @@ def test_a_tenant_cannot_have_its_replies_sent_to_another_tenants_inbox(bus: Bus
         acme.send(cancel, target)
 
     def letters() -> list[dict[bytes, bytes]]:
-        return [f for _, f in admin.xrange(KEYS.dlq) if f[b"source"] == acme.stream.encode()]
+        rows = admin.xrange(KEYS.tenant_dlq("acme"))  # the tenant's own unit
+        return [f for _, f in rows if f[b"source"] == acme.stream.encode()]
 
     until(lambda: len(letters()) == 2 * len(targets), "the requests dead-lettered", 30)
     assert all(b"reply_to must be a key under" in f[b"reason"] for f in letters())
@@ -253,7 +254,9 @@ def test_a_maximal_id_on_a_tenants_own_stream_stops_only_that_tenant_and_repair_
     assert acme.tool("s1", "rm") == "Block"
     assert acme.tool("s1", "ls") == "Continue"
     assert "repair" in operator(bus.acl, "audit", "list")
-    letters = [f for _, f in admin.xrange(KEYS.dlq) if f.get(b"entry_id") == MAX_ID.encode()]
+    letters = [
+        f for _, f in admin.xrange(KEYS.tenant_dlq("acme")) if f.get(b"entry_id") == MAX_ID.encode()
+    ]
     repaired = [f for f in letters if f[b"reason"].startswith(b"repair: its id")]
     assert len(repaired) == 1 and repaired[0][b"data"] == b"x"
 

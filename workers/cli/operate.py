@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 def _replay(args: argparse.Namespace) -> int:
     from bus.transport.keys import Keys
     from bus.transport.redis_io import connect
-    from workers.ops.replay import check_replayable, replay_dead_letters, replay_range
+    from workers.ops.replay import check_replayable, replay_range
 
+    if args.dlq:
+        return _replay_dead_letters(args, args.hook)
     settings = settings_of(args)
     announce_redis(args, settings)
 
@@ -45,15 +47,12 @@ def _replay(args: argparse.Namespace) -> int:
         try:
             keys = Keys.of(settings)
             await check_replayable(redis, keys, args.hook)
-            if args.dlq:
-                return await replay_dead_letters(redis, keys, args.hook)
             return await replay_range(redis, keys, args.hook, args.start, args.end)
         finally:
             await redis.aclose()
 
     count = asyncio.run(replay())
-    source = "dead letters" if args.dlq else "events"
-    print(f"re-fed {count} {source} to {args.hook}")
+    print(f"re-fed {count} events to {args.hook}")
     return 0
 
 
@@ -172,15 +171,19 @@ def _breakglass(args: argparse.Namespace) -> int:
 
 
 def _lag(args: argparse.Namespace) -> int:
+    from workers.ops.dead_letters import cut_dead_letters
     from workers.ops.lag import consumer_lag
-    from workers.ops.render import make_console, render_lag
+    from workers.ops.render import make_console, render_dlq_cuts, render_lag
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await consumer_lag(
             redis, keys, settings.events_maxlen, settings.requests_maxlen,
             audit_maxlen=settings.audit_maxlen,
         )  # fmt: skip
-        make_console().print(render_lag(rows))
+        console = make_console()
+        console.print(render_lag(rows))
+        for line in render_dlq_cuts(await cut_dead_letters(redis, keys)):
+            console.print(line)
 
     with_redis(args, work)
     return 0
@@ -225,7 +228,7 @@ def _events_tail(args: argparse.Namespace) -> int:
 
 def _dlq_list(args: argparse.Namespace) -> int:
     from bus.transport.keys import check_name
-    from workers.ops.dead_letters import list_dead_letters
+    from workers.ops.dead_letters import cut_dead_letters, list_dead_letters
     from workers.ops.render import make_console, render_dead_letters
 
     hook = check_name("hook name", args.hook) if args.hook else None
@@ -234,7 +237,8 @@ def _dlq_list(args: argparse.Namespace) -> int:
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         letters, more = await list_dead_letters(redis, keys, hook, args.limit)
-        make_console().print(render_dead_letters(letters, more, keys, hook))
+        cuts = await cut_dead_letters(redis, keys, hook)
+        make_console().print(render_dead_letters(letters, more, keys, hook, cuts))
 
     with_redis(args, work)
     return 0
@@ -264,7 +268,7 @@ def _dlq_show(args: argparse.Namespace) -> int:
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
         letter = await get_dead_letter(redis, keys, entry_id)
         if letter is None:
-            print(f"hookbus: no dead letter {entry_id} in {keys.dlq}", file=sys.stderr)
+            print(f"hookbus: no dead letter {entry_id} in any unit", file=sys.stderr)
             return 1
         make_console().print(render_dead_letter(letter))
         return 0
@@ -290,34 +294,87 @@ def _with_progress(
 
 def _dlq_replay(args: argparse.Namespace) -> int:
     from bus.transport.keys import check_name
-    from workers.ops.dead_letters import count_dead_letters
+
+    return _replay_dead_letters(args, check_name("hook name", args.hook))
+
+
+def _confirm(question: str, yes: bool, refused: str) -> bool | None:
+    """True to go on; False if the operator said no; None (after saying why on stderr) if
+    there is no terminal to ask on and no --yes."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        print(f"hookbus: {refused} without confirmation; stdin is not a terminal, so pass --yes",
+              file=sys.stderr)  # fmt: skip
+        return None
+    from rich.prompt import Confirm
+
+    try:
+        return bool(Confirm.ask(question, default=False))
+    except EOFError:
+        return False
+
+
+def _replay_dead_letters(args: argparse.Namespace, hook: str) -> int:
+    """``hookbus replay HOOK --dlq`` and ``hookbus dlq replay HOOK``: show what would be
+    re-fed (only letters of the hook's own stream, whole messages only), ask, re-feed."""
     from workers.ops.hooks import list_hooks
-    from workers.ops.replay import check_replayable, replay_dead_letters
+    from workers.ops.replay import DeadLetterPlan, check_replayable, plan_dead_letters
+    from workers.ops.replay import replay_dead_letters as refeed
 
-    hook = check_name("hook name", args.hook)
-
-    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, int, str]:
+    async def plan(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[DeadLetterPlan, int]:
         await check_replayable(redis, keys, hook)
-        total, _ = await count_dead_letters(redis, keys, hook)
         rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
-        return total, rows[0].live if rows else 0, keys.replay(hook)
+        return await plan_dead_letters(redis, keys, hook), rows[0].live if rows else 0
 
-    total, live, replay_stream = with_redis(args, count)
-    if total == 0:
-        print(f"no dead letters of {hook}: nothing re-fed")
+    p, live = with_redis(args, plan)
+    skipped = [
+        f"{n} {what}"
+        for n, what in (
+            (p.cut, "whose message was cut to a prefix (only its size and digest are kept)"),
+            (p.lost, "recording entries a stream's cap cut (no message)"),
+            (p.empty, "with no message"),
+        )
+        if n
+    ]
+    if skipped:
+        print(f"not re-fed, left in {p.stream}: " + "; ".join(skipped))
+    if p.count == 0:
+        print(f"no dead letters of {hook} to re-feed (from {p.stream}): nothing re-fed")
+        return 0
+    first = dt.datetime.fromtimestamp((p.first_ms or 0) / 1000, dt.UTC)
+    last = dt.datetime.fromtimestamp((p.last_ms or 0) / 1000, dt.UTC)
+    print(
+        f"{_entries(p.count)} of {hook}'s own stream {p.stream} would be re-fed to it, written "
+        f"{first:%Y-%m-%d %H:%M:%S} to {last:%Y-%m-%d %H:%M:%S} UTC; the first:"
+    )
+    for line in p.sample:
+        print(f"  {line}")
+    sure = _confirm(f"re-feed {_entries(p.count)} to {hook}?", args.yes, "not re-feeding")
+    if sure is None:
+        return 2
+    if not sure:
+        print("nothing re-fed")
         return 0
 
     def run(progress: Callable[[int], None] | None) -> int:
         async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
-            return await replay_dead_letters(redis, keys, hook, progress)
+            return await refeed(redis, keys, hook, p.upto, progress)
 
         return with_redis(args, work)
 
-    done = _with_progress(total, f"re-feeding {hook}", run)
+    done = _with_progress(p.count, f"re-feeding {hook}", run)
     print(f"re-fed {_entries(done)} to {hook}")
     if not live:
-        print(f"note: {hook} has no live replica; they wait in {replay_stream} until one starts")
+        print(f"note: {hook} has no live replica; they wait in {keys_replay(args, hook)} until "
+              "one starts")  # fmt: skip
     return 0
+
+
+def keys_replay(args: argparse.Namespace, hook: str) -> str:
+    from bus.transport.keys import Keys
+
+    return Keys.of(settings_of(args)).replay(hook)
 
 
 def _dlq_purge(args: argparse.Namespace) -> int:
@@ -327,34 +384,25 @@ def _dlq_purge(args: argparse.Namespace) -> int:
     hook = check_name("hook name", args.hook) if args.hook else None
     whose = f" of {hook}" if hook else ""
 
-    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, str | None]:
+    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, dict[str, str]]:
         return await count_dead_letters(redis, keys, hook)
 
     total, newest = with_redis(args, count)
-    if total == 0 or newest is None:
+    if total == 0 or not newest:
         print(f"no dead letters{whose}: nothing to delete")
         return 0
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(
-                f"hookbus: not deleting {_entries(total)}{whose} without confirmation; "
-                "stdin is not a terminal, so pass --yes",
-                file=sys.stderr,
-            )
-            return 2
-        from rich.prompt import Confirm
-
-        try:
-            sure = Confirm.ask(f"delete {_entries(total)}{whose}?", default=False)
-        except EOFError:
-            sure = False
-        if not sure:
-            print("nothing deleted")
-            return 0
+    units = f" in {len(newest)} units" if len(newest) > 1 else ""
+    sure = _confirm(f"delete {_entries(total)}{whose}{units}?", args.yes,
+                    f"not deleting {_entries(total)}{whose}")  # fmt: skip
+    if sure is None:
+        return 2
+    if not sure:
+        print("nothing deleted")
+        return 0
 
     def run(progress: Callable[[int], None] | None) -> int:
         async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
-            return await purge_dead_letters(redis, keys, hook, newest, progress)
+            return await purge_dead_letters(redis, keys, newest, progress)
 
         return with_redis(args, work)
 
@@ -442,7 +490,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.add_argument("hook", help="the async hook's name")
     replay.add_argument("--from", dest="start", default="-", help="first event (id or time)")
     replay.add_argument("--to", dest="end", default="+", help="last event (id or time)")
-    replay.add_argument("--dlq", action="store_true", help="re-feed the hook's dead letters")
+    replay.add_argument(
+        "--dlq", action="store_true", help="re-feed the hook's own dead letters (shown first)"
+    )
+    replay.add_argument("--yes", action="store_true", help="with --dlq: do not ask")
     replay.set_defaults(func=_replay)
 
     cancel = add_redis_options(sub.add_parser("cancel", help="cancel a session wherever it runs"))
@@ -524,7 +575,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     audit_list.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (50)")
     audit_list.set_defaults(func=_audit_list)
 
-    dlq = sub.add_parser("dlq", help="the dead-letter stream")
+    dlq = sub.add_parser(
+        "dlq", help="the dead letters of every unit (hooks, tenants, coordinators)"
+    )
     dlq_sub = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
     dlq_list = add_redis_options(dlq_sub.add_parser("list", help="the newest dead letters"))
     dlq_list.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
@@ -537,6 +590,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         dlq_sub.add_parser("replay", help="re-feed an async hook's dead letters to it")
     )
     dlq_replay.add_argument("hook", metavar="HOOK", help="the async hook's name")
+    dlq_replay.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     dlq_replay.set_defaults(func=_dlq_replay)
     dlq_purge = add_redis_options(dlq_sub.add_parser("purge", help="delete dead letters"))
     dlq_purge.add_argument("--hook", metavar="H", help="only the dead letters of this hook")

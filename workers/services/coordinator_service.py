@@ -397,7 +397,7 @@ class CoordinatorService:
                         self.coordinator.id,
                         self._in_flight[source],
                         idle_ms,
-                        dlq=self.keys.dlq,
+                        dlq=self._dlq(source),
                     ):
                         self.stats["claimed"] += 1
                         _failures.info(
@@ -440,10 +440,20 @@ class CoordinatorService:
             why = f"could not be answered: {type(exc).__name__}: {exc}"
             async with self._io:
                 await dead_letter(
-                    self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
+                    self.redis,
+                    self._dlq(source),
+                    source.stream,
+                    why,
+                    data,
+                    entry_id=entry_id.decode(),
                 )
             with contextlib.suppress(*UNREACHABLE):
                 await self._ack(source, entry_id)
+
+    def _dlq(self, source: Source) -> str:
+        """Dead letters about a tenant's requests go to that tenant's unit (its cap bounds only
+        its own letters); about trusted requests, to the coordinators' ``{p}:dlq``."""
+        return self.keys.tenant_dlq(source.tenant) if source.tenant else self.keys.dlq
 
     def _may_reply(self, source: Source, key: str) -> bool:
         if source.tenant:
@@ -558,7 +568,12 @@ class CoordinatorService:
         why = f"{event.value} refused: {exc}"
         async with self._io:
             await dead_letter(
-                self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
+                self.redis,
+                self._dlq(source),
+                source.stream,
+                why,
+                data,
+                entry_id=entry_id.decode(),
             )
         if head.ts and self._sent(entry_id, head) + head.timeout_ms < self._now():
             self.stats["expired"] += 1
@@ -611,7 +626,7 @@ class CoordinatorService:
             async with self._io:
                 await dead_letter(
                     self.redis,
-                    self.keys,
+                    self._dlq(source),
                     source.stream,
                     str(exc),
                     data,

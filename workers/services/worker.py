@@ -224,6 +224,8 @@ class HookWorker:
         self.shards = shards
         self.owns_hook = owns_hook  # the lane that closes the hook when the service stops
         self.stream = self.keys.requests(self.spec.name, shard, shards)
+        #: This hook's own dead letters (its user may write no other unit's).
+        self.dlq = self.keys.hook_dlq(self.spec.name)
         self.scope = scope
         lane = f"#{shard}" if shards > 1 else ""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
@@ -423,7 +425,7 @@ class HookWorker:
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be handled: {type(exc).__name__}: {exc}"
             await dead_letter(
-                self.redis, self.keys, self.stream, why, data, entry_id=entry_id.decode()
+                self.redis, self.dlq, self.stream, why, data, entry_id=entry_id.decode()
             )
             await self._ack(entry_id)
 
@@ -445,7 +447,7 @@ class HookWorker:
             _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
             await dead_letter(
                 self.redis,
-                self.keys,
+                self.dlq,
                 self.stream,
                 str(exc),
                 data or b"",
@@ -647,7 +649,7 @@ class HookWorker:
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
                     self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms,
-                    dlq=self.keys.dlq, hook=self.spec.name,
+                    dlq=self.dlq, hook=self.spec.name,
                 ):  # fmt: skip
                     self.stats["claimed"] += 1
                     await self._start(entry_id, fields)
