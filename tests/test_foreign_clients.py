@@ -401,7 +401,7 @@ def test_schema_violations_get_error_replies_naming_the_field(
     keys = Keys(bus_settings.prefix)
     # A raw foreign message (any language), straight onto the stream.
     bad = {
-        "v": 2, "id": "bad-1", "ts": now_ms(), "event": "PreToolUse",
+        "v": 3, "id": "bad-1", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s1", "tool_name": 42}, "reply_to": keys.inbox("raw-client"),
     }  # fmt: skip
     with Redis.from_url(bus_settings.redis_url, socket_timeout=30) as redis:

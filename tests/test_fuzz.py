@@ -77,7 +77,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 VALID_REQUEST = {
-    "v": 2, "id": "r1", "ts": 1, "hook": "Fuzz", "event": "PreToolUse", "session_id": "s",
+    "v": 3, "id": "r1", "ts": 1, "hook": "Fuzz", "event": "PreToolUse", "session_id": "s",
     "context": {"session_id": "s", "tool_name": "t", "tool_args": {}}, "deadline": 1,
     "reply_to": "x:inbox:y",
 }  # fmt: skip
@@ -135,7 +135,7 @@ def test_every_decoder_refuses_deep_nesting_with_the_limit_named(kind: str, dept
     for data in (
         deep_json(depth),
         deep_json(depth, b"{"),
-        b'{"v":2,"id":"x","extra":' + deep_json(depth) + b"}",
+        b'{"v":3,"id":"x","extra":' + deep_json(depth) + b"}",
         b"[" * depth,  # never closed
     ):
         with pytest.raises(LimitError, match=r"the limit is 128 \(MAX_DEPTH\)"):
@@ -419,9 +419,9 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
 
         # 1. Raw entries straight to every stream any role reads.
         request = {**VALID_REQUEST, "hook": "Guard", "reply_to": keys.inbox("nobody")}
-        event = {"v": 2, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
-        audit = {"v": 2, "id": "a", "ts": 1, "kind": "shadowed"}
-        decision = {"v": 2, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
+        event = {"v": 3, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
+        audit = {"v": 3, "id": "a", "ts": 1, "kind": "shadowed"}
+        decision = {"v": 3, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
         streams = {
             keys.requests("Guard"): (request, [WORKERS_GROUP]),
             keys.requests("Deep"): ({**request, "hook": "Deep"}, [WORKERS_GROUP]),
@@ -436,7 +436,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
             entries = [p for d in RAW_DEPTHS for p in poison(d, envelope)] + [{b"other": b"x"}]
             written[stream] = [await redis.xadd(stream, fields) for fields in entries]
         # A reply nested 100,000 levels deep in the agent's own inbox.
-        deep_reply = b'{"v":2,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
+        deep_reply = b'{"v":3,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
             b'{"type":"Metadata","key":"k","value":' + deep_json(100_000) + b"}}"
         )
         await redis.rpush(client.inbox, deep_reply)
@@ -481,7 +481,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
                 rid = new_id()
                 asked[rid] = kind
                 body = json.dumps(
-                    {"v": 2, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
+                    {"v": 3, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
                      "timeout_ms": 5000}
                 )[:-1].encode()  # fmt: skip
                 data = body + b"," + poison(depth, {})[2][b"data"][2:]
@@ -490,7 +490,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
         asked[rid] = "fine"
         fine = {"session_id": "s", "tool_name": "t", "output_content": "[{" * 1000}
         await redis.xadd(dv(keys), {"data": json.dumps(
-            {"v": 2, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
+            {"v": 3, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
              "timeout_ms": 5000, "context": fine})})  # fmt: skip
         answered: dict[str, Any] = {}
         t0 = time.monotonic()
@@ -571,7 +571,7 @@ def flood(i: int, envelope: dict[str, Any]) -> dict[bytes, bytes]:
     """The i-th of a mix of poison entries: too deep, malformed JSON, wrong types, no data."""
     kinds = [
         lambda: {b"data": deep_json(1_000 + i)},
-        lambda: {b"data": b'{"v":2,"id":' + str(i).encode()},
+        lambda: {b"data": b'{"v":3,"id":' + str(i).encode()},
         lambda: {b"data": json.dumps({**envelope, "ts": "never"}).encode()},
         lambda: {b"data": json.dumps({**envelope, "junk": nested(200)}).encode()},
         lambda: {b"other": str(i).encode()},
@@ -601,12 +601,12 @@ async def test_400_poison_messages_log_a_bounded_number_of_lines(
         await wait_for(groups_ready, timeout=30, what="the services' groups")
         await wait_for(lambda: redis.zcard(keys.replicas("AsyncSink")), what="AsyncSink")
         request = {**VALID_REQUEST, "hook": "Sink"}
-        event = {"v": 2, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
+        event = {"v": 3, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
         streams = {
             keys.requests("Sink"): (request, WORKERS_GROUP),
             ev(keys): (event, "AsyncSink"),
             dv(keys): (
-                {"v": 2, "id": "d", "ts": 1, "event": "PreToolUse"},
+                {"v": 3, "id": "d", "ts": 1, "event": "PreToolUse"},
                 COORDINATORS_GROUP,
             ),
         }

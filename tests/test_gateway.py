@@ -228,7 +228,7 @@ def test_a_cancelled_session_stops_claude_code(
 
 def decision_request(**fields: Any) -> dict[str, Any]:
     return {
-        "v": 2, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
+        "v": 3, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s-http", "tool_name": "file_read",
                     "tool_args": {"path": "app/.env"}},
         "timeout_ms": 5000, **fields,

@@ -1,4 +1,4 @@
-// A small HookBus client for Node.js, written from docs/protocol.md (wire protocol v2).
+// A small HookBus client for Node.js, written from docs/protocol.md (wire protocol v3).
 //
 // It plays the "agent using the coordinator service" role (protocol.md, section 10), in one of
 // two tiers (protocol.md 6.3, docs/security.md):
@@ -24,7 +24,7 @@ import { hostname } from 'node:os';
 import { crc32 } from 'node:zlib';
 import { createClient, createCluster } from 'redis';
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 
 // The 12 lifecycle events (section 4.1).
 export const EVENTS = Object.freeze([

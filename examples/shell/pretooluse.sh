@@ -53,7 +53,7 @@ else
 fi
 now=$(date +%s%3N)                                       # epoch milliseconds
 
-request="{\"v\":2,\"id\":\"$id\",\"ts\":$now,\"traceparent\":\"\",\"tracestate\":\"\",\
+request="{\"v\":3,\"id\":\"$id\",\"ts\":$now,\"traceparent\":\"\",\"tracestate\":\"\",\
 \"event\":\"PreToolUse\",\"context\":{\"session_id\":\"$session\",\"tool_name\":\"$tool_name\",\
 \"tool_args\":$tool_args,\"step\":0},\"reply_to\":\"$inbox\",\"timeout_ms\":$timeout_ms}"
 
