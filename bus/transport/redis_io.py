@@ -23,13 +23,14 @@ from redis.asyncio import connection as redis_connection
 from redis.exceptions import (
     AuthenticationError,
     DataError,
+    NoPermissionError,
     RedisClusterException,
     RedisError,
     ResponseError,
 )
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bus.errors import HookRetired, RedisAuthError
+from bus.errors import ConfigError, HookRetired, RedisAuthError
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
@@ -773,3 +774,47 @@ async def dead_letter(
         await xadd_dead_letter(redis, dlq, entry)
     except UNREACHABLE as exc:
         _failures.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)
+
+
+def partitions_mismatch(keys: Keys, theirs: int) -> str:
+    """One line naming both counts, and how to fix it."""
+    return (
+        f"this process has HOOKBUS_PARTITIONS={keys.partitions} but the bus (prefix "
+        f"{keys.prefix}) has {theirs} partitions ({keys.config} partitions): start it with "
+        f"HOOKBUS_PARTITIONS={theirs}; on another count its events would go where no hook "
+        f"reads them. To change the bus's count, stop every process of the bus and run "
+        f"hookbus partitions {keys.partitions} --force"
+    )
+
+
+async def check_partitions(redis: Redis, keys: Keys) -> None:
+    """The partition count is the bus's shared configuration (``{p}:config`` ``partitions``):
+    written once, by the first process (HSETNX), read by every process at start and on
+    refresh. Raises ConfigError (one line naming both counts) if the bus has another count
+    than this process. A user that may not write it (NOPERM) only reads."""
+    with contextlib.suppress(NoPermissionError):
+        await redis.hsetnx(keys.config, "partitions", str(keys.partitions))
+    value = await redis.hget(keys.config, "partitions")
+    if value is None:
+        return
+    try:
+        theirs = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{keys.config} partitions is {value!r}, not a number: an operator must set it "
+            f"(hookbus partitions N --force)"
+        ) from None
+    if theirs != keys.partitions:
+        raise ConfigError(partitions_mismatch(keys, theirs))
+
+
+async def partitions_changed(redis: Redis, keys: Keys) -> bool:
+    """A hook service's check on refresh: True (after an ERROR line naming both counts) if the
+    bus's partition count is no longer this process's: it stops rather than read streams no
+    agent writes (a supervisor restarting it with the old count is refused at start)."""
+    try:
+        await check_partitions(redis, keys)
+    except ConfigError as exc:
+        log.error("stopping: %s", exc)
+        return True
+    return False

@@ -68,12 +68,15 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _hooks_list(args: argparse.Namespace) -> int:
-    from workers.ops.hooks import list_hooks
+    from workers.ops.hooks import bus_partitions, list_hooks, partitions_note
     from workers.ops.render import make_console, render_hooks
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await list_hooks(redis, keys, settings.liveness_secs)
-        make_console().print(render_hooks(rows, keys, settings.liveness_secs))
+        partitions = await bus_partitions(redis, keys)
+        console = make_console()
+        console.print(render_hooks(rows, keys, settings.liveness_secs, partitions))
+        console.print(partitions_note(keys, partitions))
 
     with_redis(args, work)
     return 0
@@ -172,6 +175,7 @@ def _breakglass(args: argparse.Namespace) -> int:
 
 def _lag(args: argparse.Namespace) -> int:
     from workers.ops.dead_letters import cut_dead_letters
+    from workers.ops.hooks import bus_partitions, partitions_note
     from workers.ops.lag import consumer_lag
     from workers.ops.render import make_console, render_dlq_cuts, render_lag
 
@@ -182,11 +186,38 @@ def _lag(args: argparse.Namespace) -> int:
         )  # fmt: skip
         console = make_console()
         console.print(render_lag(rows))
+        console.print(partitions_note(keys, await bus_partitions(redis, keys)))
         for line in render_dlq_cuts(await cut_dead_letters(redis, keys)):
             console.print(line)
 
     with_redis(args, work)
     return 0
+
+
+def _partitions(args: argparse.Namespace) -> int:
+    """Show the bus's partition count, or (N --force, the operator only) set it."""
+    from bus.transport.keys import MAX_PARTITIONS
+    from workers.ops.hooks import bus_partitions
+
+    if args.count is not None and not 1 <= args.count <= MAX_PARTITIONS:
+        raise UsageError(f"the partition count must be 1-{MAX_PARTITIONS}")
+
+    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
+        current = await bus_partitions(redis, keys)
+        if args.count is None:
+            print(current if current is not None else f"not set in {keys.config}")
+            return 0
+        if current is not None and current != args.count and not args.force:
+            print(f"hookbus: the bus has {current} partitions; pass --force to make it "
+                  f"{args.count} (only with every process of the bus stopped)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        await redis.hset(keys.config, "partitions", str(args.count))  # type: ignore[misc]
+        print(f"partitions: {args.count} ({keys.config}); start every process with "
+              f"HOOKBUS_PARTITIONS={args.count}")  # fmt: skip
+        return 0
+
+    return with_redis(args, work)
 
 
 def _events_tail(args: argparse.Namespace) -> int:
@@ -556,6 +587,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         sub.add_parser("lag", help="per consumer group: lag, pending, oldest pending, consumers")
     )
     lag.set_defaults(func=_lag)
+
+    parts = add_redis_options(
+        sub.add_parser(
+            "partitions",
+            help="the bus's partition count ({p}:config); with N --force, set it (every "
+            "process of the bus stopped)",
+        )
+    )
+    parts.add_argument("count", nargs="?", type=int, metavar="N", help="the new count")
+    parts.add_argument("--force", action="store_true", help="set it although it is written")
+    parts.set_defaults(func=_partitions)
 
     events = sub.add_parser("events", help="the lifecycle events stream")
     events_sub = events.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -60,13 +60,22 @@ def _row(table: Table, *cells: object, style: str = "") -> None:
     table.add_row(*(Text(str(c)) for c in cells), style=style or None)
 
 
-def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> RenderableType:
+def _streams(r: HookRow, partitions: int) -> str:
+    """What a hook reads: a sync hook its shards, an async hook every partition."""
+    if r.kind == "sync":
+        return f"{r.shards} shard" + ("s" if r.shards != 1 else "")
+    return f"{partitions} partition" + ("s" if partitions != 1 else "")
+
+
+def render_hooks(
+    rows: list[HookRow], keys: Keys, liveness_secs: float, partitions: int | None = None
+) -> RenderableType:
     if not rows:
         return Text(f"no hooks registered in {keys.hooks}")
     title = f"hooks in {keys.hooks} (live: heartbeat within {liveness_secs:g}s)"
     table = _table(
         title, "hook", "kind", "mode", "events", "match", "policy", "priority", "timeout",
-        "live", "last beat",
+        "live", "last beat", "streams",
     )  # fmt: skip
     if any(r.problem for r in rows):
         table.add_column("problem", overflow="fold")
@@ -77,7 +86,7 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
             last = _ago(r.last_heartbeat_secs) if r.replicas else "never"
         live = f"{r.live} of {r.replicas}" if r.replicas != r.live else str(r.live)
         if r.problem:
-            cells = (r.name, r.kind, "-", "-", "-", "-", "-", "-", live, last, r.problem)
+            cells = (r.name, r.kind, "-", "-", "-", "-", "-", "-", live, last, "-", r.problem)
             _row(table, *cells, style="red")
             continue
         match = [f"tool {p}" for p in r.tool_names] + [f"content {p}" for p in r.tool_content]
@@ -92,8 +101,9 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
             "default" if r.timeout is None else f"{r.timeout:g}s",
             live,
             last,
+            _streams(r, partitions if partitions is not None else keys.partitions),
         ]
-        if len(table.columns) > 10:
+        if len(table.columns) > 11:
             cells.append("")
         _row(table, *cells, style="" if r.live else "yellow")
     return table

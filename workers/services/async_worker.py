@@ -72,10 +72,12 @@ from bus.transport.keys import DLQ_MAXLEN, Keys, check_name
 from bus.transport.redis_io import (
     UNREACHABLE,
     Entry,
+    check_partitions,
     connect,
     current_manifest,
     dead_letter_entry,
     group_lost,
+    partitions_changed,
     pipelined,
     retire_replica,
     xadd_dead_letter,
@@ -187,6 +189,8 @@ class AsyncHookWorker:
     # -- registration ------------------------------------------------------------------------
 
     async def register(self) -> None:
+        # On another partition count than the bus's it would read streams no agent writes.
+        await check_partitions(self.redis, self.keys)  # ConfigError: refuses to start
         # The group first: once the manifest is visible, every later event reaches this hook.
         for partition in self.events:
             await self.retention.create_group(partition, self.group, start=self.start)
@@ -579,6 +583,9 @@ class AsyncHookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
+                    if await partitions_changed(self.redis, self.keys):
+                        stop.set()
+                        return
                     if await self._heartbeat():
                         log.warning("hook %s was removed by an operator; stopping", self.group)
                         stop.set()

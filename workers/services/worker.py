@@ -65,6 +65,7 @@ from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.transport.redis_io import (
     Entry,
     Settled,
+    check_partitions,
     connect,
     consume,
     current_manifest,
@@ -72,6 +73,7 @@ from bus.transport.redis_io import (
     ensure_group,
     hand_over,
     keep_and_claim,
+    partitions_changed,
     pipelined,
     refuse_retired,
     retire_replica,
@@ -248,6 +250,7 @@ class HookWorker:
 
     async def register(self) -> None:
         """Publish the manifest, make sure the group exists, and announce this replica."""
+        await check_partitions(self.redis, self.keys)  # ConfigError: refuses to start
         previous = await current_manifest(self.redis, self.keys, self.spec.name)
         registered_at = now_ms()
         if previous:
@@ -636,6 +639,9 @@ class HookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
+                    if await partitions_changed(self.redis, self.keys):
+                        stop.set()
+                        return
                     if await self._heartbeat():
                         log.warning(
                             "hook %s was removed by an operator: this replica stops serving it",
