@@ -511,7 +511,7 @@ async def test_events_are_published_to_the_events_stream(bus_settings: BusSettin
         entries = await wait_for(both_events, timeout=5, what="both events on the stream")
         events = [json.loads(f[DATA_FIELD.encode()]) for _, f in entries]
         assert [e["event"] for e in events] == ["PreToolUse", "OnSessionStop"]
-        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 2
+        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 3
     finally:
         await client.close()
 
