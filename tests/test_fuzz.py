@@ -537,11 +537,19 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
                 assert per_entry.get(entry_id) == len(groups), (stream, entry_id, per_entry)
         assert client.stats["malformed_replies"] == 1 and client.stats["refused"] == 13
         # Re-fed dead letters (hookbus replay --dlq) are dead-lettered again, once each.
+        # Only letters holding a whole message are re-fed: one cut to its first 4 KiB (the
+        # deepest nestings) or with no message stays (protocol 8.2).
+        ledger = [f for _, f in await redis.xrange(keys.hook_dlq("Ledger"))]
+        whole = [f for f in ledger if f.get(b"data") and b"cut" not in f and b"lost" not in f]
+        assert len(ledger) == len(written[ev(keys)]) + len(written[keys.replay("Ledger")])
+        assert 0 < len(whole) < len(ledger)
+        assert all(len(f[b"data"]) <= 4096 and f[b"sha256"] for f in ledger if f[b"data"])
+        before = (await redis.xrevrange(keys.hook_dlq("Ledger"), count=1))[0][0]
         refed = await replay_dead_letters(redis, keys, "Ledger")
-        assert refed == len(written[ev(keys)]) + len(written[keys.replay("Ledger")])
+        assert refed == len(whole)
         await wait_for(settled, timeout=60, what="re-fed dead letters acknowledged")
         again = [
-            f for f in await all_dead_letters(redis, keys)
+            f for _, f in await redis.xrange(keys.hook_dlq("Ledger"), min=b"(" + before)
             if f[b"source"] == keys.replay("Ledger").encode() and f[b"hook"] == b"Ledger"
         ]  # fmt: skip
         assert len(again) == refed
