@@ -818,3 +818,36 @@ async def partitions_changed(redis: Redis, keys: Keys) -> bool:
         log.error("stopping: %s", exc)
         return True
     return False
+
+
+class CutWatch:
+    """Reports what the cap of a dead-letter stream cut: Redis's entries-added − length − the
+    letters the operator deleted (``{p}:dlq:purged``). Each service watches the units it
+    writes (a hook its own, the coordinator service the tenants' and ``{p}:dlq``) every
+    ``every_secs`` and logs an ERROR line when the count grew (and once at start if any)."""
+
+    def __init__(self, every_secs: float = 10.0) -> None:
+        self.every_secs = every_secs
+        self.cut: dict[str, int] = {}
+        self._next = 0.0
+
+    async def check(self, redis: Redis, keys: Keys, streams: Sequence[str]) -> None:
+        import time
+
+        if not streams or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every_secs
+        purged: Any = await redis.hmget(keys.dlq_purged, list(streams))
+        for stream, deleted in zip(streams, purged, strict=True):
+            try:
+                info: Any = await redis.xinfo_stream(stream)
+            except ResponseError:  # no such stream yet
+                continue
+            cut = int(info.get("entries-added") or 0) - int(info["length"]) - int(deleted or 0)
+            before = self.cut.get(stream, 0)
+            self.cut[stream] = cut
+            if cut > before:
+                log.error(
+                    "%d dead letters of %s cut by its cap (MAXLEN ~%d), %d in all: see "
+                    "hookbus dlq list", cut - before, stream, DLQ_MAXLEN, cut,
+                )  # fmt: skip

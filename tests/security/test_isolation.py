@@ -550,6 +550,13 @@ def test_a_tenants_junk_fills_only_its_own_dead_letters_and_the_cut_is_counted(b
     assert line in operator(bus.acl, "dlq", "list")
     assert line in operator(bus.acl, "lag")
     assert "tenant beta's" not in operator(bus.acl, "dlq", "list")
+    # And the coordinator service, which writes acme's unit, logs it (once it grew: one line).
+    said = f"dead letters of {KEYS.tenant_dlq('acme')} cut by its cap (MAXLEN ~{DLQ_MAXLEN})"
+
+    def logged() -> bool:  # (a look during the flood may have logged part of it first)
+        return any(said in x and f", {cut} in all" in x for x in bus.coordinator_log().split("\n"))
+
+    until(logged, "the whole cut logged by the service", 60)
 
 
 def test_a_1mb_refused_request_leaves_a_bounded_letter_with_its_size_and_digest(bus: Bus) -> None:

@@ -68,6 +68,7 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "%R~hookbus:session:*:hooks %R~hookbus:breakglass +hgetall +zcount +zrange +smembers "
         "+get (%W~hookbus:events:* %W~hookbus:hook:*:requests %W~hookbus:dlq %W~hookbus:t:*:dlq "
         "%W~hookbus:audit +xadd) (~hookbus:config +hget +hsetnx) "
+        "(%R~hookbus:dlq %R~hookbus:t:*:dlq %R~hookbus:dlq:purged +xinfo|stream +hmget) "
         "(~hookbus:decisions:* ~hookbus:t:*:decisions +xgroup|create +xgroup|delconsumer "
         "+xreadgroup +xack +xclaim +xautoclaim +xpending) (~hookbus:coordinators +zadd +zrem "
         "+zrange) (~hookbus:inbox:* +blmpop +rpush +pexpire) "
@@ -208,6 +209,7 @@ def hook_rules(hook: HookUser) -> str:
         f"({own} {_OWN})",
         f"(%W~hookbus:hook:{{{hook.name}}}:dlq +xadd)",
         "(~hookbus:config +hget +hsetnx)",
+        "(%R~hookbus:dlq:purged +hmget)",
         "(%W~hookbus:inbox:* +rpush +pexpire)",
     ]
     if hook.kind == "async":

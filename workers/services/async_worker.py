@@ -71,6 +71,7 @@ from bus.transport.directory import write_manifest
 from bus.transport.keys import DLQ_MAXLEN, Keys, check_name
 from bus.transport.redis_io import (
     UNREACHABLE,
+    CutWatch,
     Entry,
     check_partitions,
     connect,
@@ -130,6 +131,7 @@ class AsyncHookWorker:
         self.events = self.keys.event_partitions
         #: This hook's own dead letters (its user may write no other unit's).
         self.dlq = self.keys.hook_dlq(self.group)
+        self.cuts = CutWatch()
         self.sides: tuple[str, ...] = (self.keys.replay(self.group),)
         if hook.follows_audit_trail:
             self.sides += (self.keys.audit,)
@@ -586,6 +588,7 @@ class AsyncHookWorker:
                     if await partitions_changed(self.redis, self.keys):
                         stop.set()
                         return
+                    await self.cuts.check(self.redis, self.keys, [self.dlq])
                     if await self._heartbeat():
                         log.warning("hook %s was removed by an operator; stopping", self.group)
                         stop.set()

@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
+from redis.exceptions import ResponseError
 
 from bus import limits
 from bus.aggregation import refusal
@@ -53,6 +54,7 @@ from bus.transport.coordinator import Coordinator, dispatch_source
 from bus.transport.keys import COORDINATORS_GROUP
 from bus.transport.redis_io import (
     UNREACHABLE,
+    CutWatch,
     Entry,
     Settled,
     cancel_session,
@@ -228,6 +230,8 @@ class CoordinatorService:
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
         self.settings = settings
+        #: What the caps of the dead-letter streams it writes cut (logged as it grows).
+        self.cuts = CutWatch()
         self.stats = {
             "answered": 0,
             "rejected": 0,
@@ -408,6 +412,11 @@ class CoordinatorService:
                     log.debug("claiming failed: %s", exc)
                 except Exception:  # claiming outlives anything
                     _failures.error("claim pass failed", exc_info=True)
+            try:  # what the dead-letter caps of the units this service writes cut: logged
+                units = [self._dlq(source) for source in self.sources]
+                await self.cuts.check(self.redis, self.keys, list(dict.fromkeys(units)))
+            except (*UNREACHABLE, ResponseError) as exc:
+                log.debug("could not read the dead-letter streams: %s", exc)
             if time.monotonic() >= next_tenants:
                 next_tenants = time.monotonic() + self.TENANTS_REFRESH_SECS
                 try:

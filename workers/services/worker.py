@@ -63,6 +63,7 @@ from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.transport.directory import read_manifest, write_manifest
 from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.transport.redis_io import (
+    CutWatch,
     Entry,
     Settled,
     check_partitions,
@@ -228,6 +229,7 @@ class HookWorker:
         self.stream = self.keys.requests(self.spec.name, shard, shards)
         #: This hook's own dead letters (its user may write no other unit's).
         self.dlq = self.keys.hook_dlq(self.spec.name)
+        self.cuts = CutWatch()
         self.scope = scope
         lane = f"#{shard}" if shards > 1 else ""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
@@ -642,6 +644,8 @@ class HookWorker:
                     if await partitions_changed(self.redis, self.keys):
                         stop.set()
                         return
+                    if self.owns_hook:  # what its dead-letter cap cut: logged as it grows
+                        await self.cuts.check(self.redis, self.keys, [self.dlq])
                     if await self._heartbeat():
                         log.warning(
                             "hook %s was removed by an operator: this replica stops serving it",
