@@ -749,7 +749,7 @@ def bounded_data(data: Any) -> dict[str, str | bytes]:
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:
     """The fields of one dead letter: where it came from, why, the message (a bounded prefix,
     its size and digest: :func:`bounded_data`), when (+ extra, each at most 300 characters).
-    So one letter takes at most ~7 KiB, whatever it records."""
+    So one letter takes at most ~7.4 KB, whatever it records."""
     return {
         "source": source[:300],
         "reason": reason[:2000],
