@@ -748,15 +748,22 @@ def bounded_data(data: Any) -> dict[str, str | bytes]:
 
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:
     """The fields of one dead letter: where it came from, why, the message (a bounded prefix,
-    its size and digest: :func:`bounded_data`), when (+ extra, each at most 300 characters).
+    its size and digest: :func:`bounded_data`), when (+ extra, each at most 300 bytes; the reason
+    at most 2000).
     So one letter takes at most ~7.4 KB, whatever it records."""
     return {
-        "source": source[:300],
-        "reason": reason[:2000],
+        "source": _at_most(source, 300),
+        "reason": _at_most(reason, 2000),
         **bounded_data(data),
         "ts": str(now_ms()),
-        **{k: str(v)[:300] for k, v in extra.items()},
+        **{k: _at_most(str(v), 300) for k, v in extra.items()},
     }
+
+
+def _at_most(text: str, size: int) -> str:
+    """``text``, cut to at most ``size`` bytes of UTF-8 (never inside a character)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    return text if len(raw) <= size else raw[:size].decode("utf-8", "ignore")
 
 
 def xadd_dead_letter(pipe: Any, dlq: str, letter: dict[Any, Any]) -> Any:
