@@ -100,3 +100,13 @@ async def test_hooks_list_and_lag_show_the_partitions_and_shards(
     assert hookbus(three, "partitions").stdout.strip() == "3"
     refused = hookbus(three, "partitions", "5")
     assert refused.returncode == 2 and "--force" in refused.stderr
+
+
+async def test_the_coordinator_service_on_another_partition_count_refuses_to_start(
+    bus_settings: BusSettings,
+) -> None:
+    await first_agent_writes_three(bus_settings)
+    out = hookbus(on(bus_settings, 1), "coordinator")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    said = [line for line in out.stderr.splitlines() if "HOOKBUS_PARTITIONS" in line]
+    assert len(said) == 1 and "HOOKBUS_PARTITIONS=1" in said[0] and "has 3 partitions" in said[0]
