@@ -286,7 +286,8 @@ def trial(
     )
     t_end = time.perf_counter()
     consumers1, server1 = cpu_seconds(s.pids), cpu_seconds([server_pid])
-    dead = int(r.xlen(f"{s.prefix}:dlq"))
+    keys = Keys(s.prefix)  # key layout 3: each hook's dead letters in its own stream
+    dead = sum(int(r.xlen(d)) for d in [keys.dlq, *(keys.hook_dlq(g) for g in s.groups)])
     if dead:
         raise RuntimeError(f"{s.label}: {dead} events dead-lettered: the benchmark set-up is wrong")
     r.xtrim(s.stream, maxlen=0, approximate=False)

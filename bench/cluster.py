@@ -575,7 +575,9 @@ async def events_trial(
         t1 = time.monotonic()
         measured = meter.stop(len(data))
         meter.close()
-        dead = await redis.xlen(keys.dlq)
+        dead = sum(
+            [await redis.xlen(keys.hook_dlq(g)) for g in groups] + [await redis.xlen(keys.dlq)]
+        )
         if dead:
             raise RuntimeError(f"{impl} on {target.label}: {dead} dead letters: set-up is wrong")
     finally:

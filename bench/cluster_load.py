@@ -187,7 +187,7 @@ async def floor_agent(url: str, prefix: str, n_sessions: int, calls: int, hook: 
         request_id, payload = hook_request(hook, session, ctx, inbox)
         event = encode(
             {
-                "v": 2,
+                "v": 3,
                 "id": request_id,
                 "ts": 0,
                 "traceparent": "",

@@ -28,7 +28,7 @@ from bus.limits import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # largest message
 from bus.limits import encode_context as encode_context
 from bus.matcher import ToolMatchFilter
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: The stream entry field that holds the JSON message.
 DATA_FIELD = "data"
 

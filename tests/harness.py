@@ -162,3 +162,14 @@ def put_manifest(redis: Any, keys: Any, name: str, data: bytes) -> None:
     ``{p}:hooks``), with a synchronous client: for tests that plant one, broken or not."""
     redis.set(keys.manifest(name), data)
     redis.sadd(keys.hooks, name)
+
+
+async def all_dead_letters(redis: Any, keys: Any) -> list[dict[bytes, bytes]]:
+    """The fields of every dead letter of every unit (key layout 3: the coordinators', each
+    registered hook's, each served tenant's), unit by unit."""
+    from workers.ops.dead_letters import dead_letter_units
+
+    out: list[dict[bytes, bytes]] = []
+    for unit in await dead_letter_units(redis, keys):
+        out += [f for _, f in await redis.xrange(unit.stream)]
+    return out

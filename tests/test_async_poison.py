@@ -151,8 +151,8 @@ async def test_one_tenants_nul_and_huge_latency_poison_no_batch_of_audit_and_met
             b"tool_latency_rejected": b"2",  # the two 1.7e308: left out, counted
             b"tool_latency_ms_total": b"120",  # the ten victims' 12 ms, exactly
         }
-        assert await redis.xlen(keys.dlq) == 0
         for worker in (audit, metrics):
+            assert await redis.xlen(keys.hook_dlq(worker.group)) == 0
             assert worker.stats["failed"] == worker.stats["dead_lettered"] == 0, worker.stats
         assert audit.stats["handled"] == metrics.stats["handled"] == 12
     finally:
@@ -209,7 +209,7 @@ async def test_a_poison_entry_fails_alone_and_the_rest_of_its_batch_is_handled(
         good += [r.id for r in records if r.session_id != "poison"]
         assert sorted(hook.handled) == sorted(good)  # each once
         assert {9, 21} <= set(hook.calls)  # each batch was handed over whole first
-        dead = {f[b"entry_id"]: f for _, f in await redis.xrange(keys.dlq)}
+        dead = {f[b"entry_id"]: f for _, f in await redis.xrange(keys.hook_dlq("AllOrNothing"))}
         assert set(dead) == {event_ids[7], record_ids[3]}
         for fields in dead.values():
             assert fields[b"hook"] == b"AllOrNothing" and fields[b"deliveries"] == b"3"

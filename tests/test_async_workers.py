@@ -146,7 +146,7 @@ async def test_a_poison_event_is_dead_lettered_after_n_deliveries_then_replayed(
         poison_id = msgspec.json.decode(payloads[-1])["id"]
 
         async def dlq() -> list[Any]:
-            return list(await redis.xrange(keys.dlq))
+            return list(await redis.xrange(keys.hook_dlq("Picky")))
 
         entries = await wait_for(dlq, timeout=60, what="the poison event in the DLQ")
         [(_, fields)] = entries
@@ -156,10 +156,10 @@ async def test_a_poison_event_is_dead_lettered_after_n_deliveries_then_replayed(
 
         fixed.touch()  # the fix is deployed
         out = subprocess.run(
-            [sys.executable, "-m", "workers.cli", "replay", "Picky", "--dlq"],
+            [sys.executable, "-m", "workers.cli", "replay", "Picky", "--dlq", "--yes"],
             env=worker_env(bus_settings), cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        assert out.returncode == 0 and "re-fed 1 dead letters" in out.stdout, out.stderr
+        assert out.returncode == 0 and "re-fed 1 dead letter to Picky" in out.stdout, out.stderr
         await wait_for(lambda: poison_id in recorded(record), what="the replayed event")
         assert await dlq() == []
     finally:
@@ -193,15 +193,17 @@ async def test_malformed_entries_are_dead_lettered_and_the_worker_goes_on(
         await wait_for(lambda: good_id in recorded(record), what="the good event after the bad")
 
         async def all_dead_lettered() -> bool:
-            return bool(await redis.xlen(keys.dlq) >= 1000)
+            return bool(await redis.xlen(keys.hook_dlq("Sturdy")) >= 1000)
 
         await wait_for(all_dead_lettered, timeout=30, what="1000 dead letters")
-        reasons = {f[b"reason"].decode() for _, f in await redis.xrange(keys.dlq, count=8)}
+        reasons = {
+            f[b"reason"].decode() for _, f in await redis.xrange(keys.hook_dlq("Sturdy"), count=8)
+        }
         assert any("JSON is malformed" in r for r in reasons)
         assert any("Invalid enum value 'Nope'" in r for r in reasons)
         assert any("no 'data' field" in r for r in reasons)
         assert any("$.context.tool_name" in r for r in reasons)
-        assert await redis.xlen(keys.dlq) == 1000
+        assert await redis.xlen(keys.hook_dlq("Sturdy")) == 1000
     finally:
         await redis.aclose()
 

@@ -111,7 +111,7 @@ async def test_a_hook_in_the_agent_process_cannot_change_hook_services_either(
 
 def test_a_reply_carries_nothing_but_an_answer() -> None:
     reply = decode(
-        b'{"v":2,"id":"r","ts":1,"request_id":"q","hook":"Guard","replica":"x",'
+        b'{"v":3,"id":"r","ts":1,"request_id":"q","hook":"Guard","replica":"x",'
         b'"action":{"type":"Continue"},"mode":"dryrun","failure_policy":"ignore",'
         b'"timeout":999,"priority":-100,"events":[]}',
         HookReply,

@@ -212,7 +212,7 @@ async def test_an_agent_clock_behind_by_more_than_timeout_ms_is_still_answered(
         inbox = keys.inbox("late-agent")
         for request_id, skew_ms in (("behind", -60_000), ("ahead", 60_000)):
             request = {
-                "v": 2, "id": request_id, "ts": now_ms() + skew_ms, "event": "PreToolUse",
+                "v": 3, "id": request_id, "ts": now_ms() + skew_ms, "event": "PreToolUse",
                 "context": {"session_id": "s", "tool_name": "act", "tool_args": {}, "step": 1},
                 "reply_to": inbox, "timeout_ms": 5000,
             }  # fmt: skip

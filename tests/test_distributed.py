@@ -367,7 +367,7 @@ async def test_malformed_request_reply_and_manifest_are_rejected_and_counted(
         dlq: list[Any] = []
 
         async def dead_letters() -> int:
-            dlq[:] = await redis.xrange(keys.dlq)
+            dlq[:] = await redis.xrange(keys.hook_dlq("Sturdy"))  # the hook's own unit
             return len(dlq)
 
         await wait_for(lambda: _at_least(dead_letters(), 2), timeout=10, what="2 dead letters")
@@ -511,7 +511,7 @@ async def test_events_are_published_to_the_events_stream(bus_settings: BusSettin
         entries = await wait_for(both_events, timeout=5, what="both events on the stream")
         events = [json.loads(f[DATA_FIELD.encode()]) for _, f in entries]
         assert [e["event"] for e in events] == ["PreToolUse", "OnSessionStop"]
-        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 2
+        assert events[0]["context"]["tool_name"] == "act" and events[0]["v"] == 3
     finally:
         await client.close()
 

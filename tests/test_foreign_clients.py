@@ -152,7 +152,7 @@ def start_services(procs: Processes, settings: BusSettings, *hooks: HookConfig) 
 
 
 def check_envelope(reply: dict[str, Any]) -> None:
-    assert reply["v"] == 2 and HEX_ID.match(reply["id"]), reply
+    assert reply["v"] == 3 and HEX_ID.match(reply["id"]), reply
     assert isinstance(reply["ts"], int) and abs(reply["ts"] - now_ms()) < 60_000, reply
     assert HEX_ID.match(reply["request_id"]), reply
 
@@ -231,7 +231,7 @@ def test_node_client_emits_all_12_events_as_a_trusted_agent(
     by_source = published(settings)
     ours = by_source.get("node-example", [])
     for entry_id, message in ours:
-        assert message.session_id == session and message.v == 2, message
+        assert message.session_id == session and message.v == 3, message
         assert HEX_ID.match(message.id) and abs(message.ts - now_ms()) < 60_000, message
         assert message.traceparent == "" and message.tracestate == ""
         assert entry_id in {line["entry"] for line in emitted}
@@ -246,6 +246,26 @@ def test_node_client_emits_all_12_events_as_a_trusted_agent(
 NOTIFIED = HookConfig(
     name="Notified", events=[HookEvent.ON_SESSION_START, HookEvent.ON_SESSION_STOP]
 )
+
+
+def test_node_client_on_another_partition_count_than_the_bus_refuses_to_start(
+    bus_settings: BusSettings,
+) -> None:
+    """The partition count is the bus's shared configuration (``{p}:config``, section 2): a
+    trusted Node agent on 1 partition, on a bus of 3, refuses to start with one line naming
+    both, instead of sending its decisions where no coordinator reads them."""
+    keys = Keys(bus_settings.prefix)
+    with sync_client(bus_settings) as redis:
+        redis.hsetnx(keys.config, "partitions", "3")
+    command = [node(), str(NODE_CLI), "--url", bus_settings.redis_url, "--prefix",
+               bus_settings.prefix, "--partitions", "1", "scenario"]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    (line,) = proc.stderr.splitlines()
+    assert "partitions=1 but the bus" in line and "has 3 partitions" in line
+    with sync_client(bus_settings) as redis:
+        assert redis.hget(keys.config, "partitions") == b"3"
+        assert redis.xlen(keys.event_partitions[0]) == 0
 
 
 def test_node_client_as_an_untrusted_agent_sends_everything_through_the_service(
@@ -401,7 +421,7 @@ def test_schema_violations_get_error_replies_naming_the_field(
     keys = Keys(bus_settings.prefix)
     # A raw foreign message (any language), straight onto the stream.
     bad = {
-        "v": 2, "id": "bad-1", "ts": now_ms(), "event": "PreToolUse",
+        "v": 3, "id": "bad-1", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s1", "tool_name": 42}, "reply_to": keys.inbox("raw-client"),
     }  # fmt: skip
     with Redis.from_url(bus_settings.redis_url, socket_timeout=30) as redis:

@@ -53,7 +53,7 @@ from bus.protocol import (
 from bus.schema import MESSAGES
 from bus.settings import BusSettings
 from bus.transport.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
-from tests.harness import Processes, wait_for, wait_live, worker_env
+from tests.harness import Processes, all_dead_letters, wait_for, wait_live, worker_env
 from tests.remote_hooks import AsyncConfig, HookConfig, Scripted
 from workers.ops.replay import replay_dead_letters
 from workers.services.coordinator_service import Source
@@ -77,7 +77,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 VALID_REQUEST = {
-    "v": 2, "id": "r1", "ts": 1, "hook": "Fuzz", "event": "PreToolUse", "session_id": "s",
+    "v": 3, "id": "r1", "ts": 1, "hook": "Fuzz", "event": "PreToolUse", "session_id": "s",
     "context": {"session_id": "s", "tool_name": "t", "tool_args": {}}, "deadline": 1,
     "reply_to": "x:inbox:y",
 }  # fmt: skip
@@ -135,7 +135,7 @@ def test_every_decoder_refuses_deep_nesting_with_the_limit_named(kind: str, dept
     for data in (
         deep_json(depth),
         deep_json(depth, b"{"),
-        b'{"v":2,"id":"x","extra":' + deep_json(depth) + b"}",
+        b'{"v":3,"id":"x","extra":' + deep_json(depth) + b"}",
         b"[" * depth,  # never closed
     ):
         with pytest.raises(LimitError, match=r"the limit is 128 \(MAX_DEPTH\)"):
@@ -419,9 +419,9 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
 
         # 1. Raw entries straight to every stream any role reads.
         request = {**VALID_REQUEST, "hook": "Guard", "reply_to": keys.inbox("nobody")}
-        event = {"v": 2, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
-        audit = {"v": 2, "id": "a", "ts": 1, "kind": "shadowed"}
-        decision = {"v": 2, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
+        event = {"v": 3, "id": "e", "ts": 1, "event": "PreToolUse", "session_id": "s"}
+        audit = {"v": 3, "id": "a", "ts": 1, "kind": "shadowed"}
+        decision = {"v": 3, "id": "d", "ts": now_ms(), "event": "PreToolUse"}
         streams = {
             keys.requests("Guard"): (request, [WORKERS_GROUP]),
             keys.requests("Deep"): ({**request, "hook": "Deep"}, [WORKERS_GROUP]),
@@ -436,7 +436,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
             entries = [p for d in RAW_DEPTHS for p in poison(d, envelope)] + [{b"other": b"x"}]
             written[stream] = [await redis.xadd(stream, fields) for fields in entries]
         # A reply nested 100,000 levels deep in the agent's own inbox (~200 kB: over its bound).
-        deep_reply = b'{"v":2,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
+        deep_reply = b'{"v":3,"id":"r","ts":1,"request_id":"q","hook":"Guard","action":' + (
             b'{"type":"Metadata","key":"k","value":' + deep_json(100_000) + b"}}"
         )
         await redis.rpush(client.inbox, deep_reply)
@@ -481,7 +481,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
                 rid = new_id()
                 asked[rid] = kind
                 body = json.dumps(
-                    {"v": 2, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
+                    {"v": 3, "id": rid, "ts": now_ms(), "event": kind, "reply_to": inbox,
                      "timeout_ms": 5000}
                 )[:-1].encode()  # fmt: skip
                 data = body + b"," + poison(depth, {})[2][b"data"][2:]
@@ -490,7 +490,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
         asked[rid] = "fine"
         fine = {"session_id": "s", "tool_name": "t", "output_content": "[{" * 1000}
         await redis.xadd(dv(keys), {"data": json.dumps(
-            {"v": 2, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
+            {"v": 3, "id": rid, "ts": now_ms(), "event": "PostToolUse", "reply_to": inbox,
              "timeout_ms": 5000, "context": fine})})  # fmt: skip
         answered: dict[str, Any] = {}
         t0 = time.monotonic()
@@ -526,7 +526,7 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
             return True
 
         await wait_for(settled, timeout=60, what="every entry acknowledged")
-        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        letters = await all_dead_letters(redis, keys)
         for stream, (_, groups) in streams.items():
             mine = [f for f in letters if f[b"source"] == stream.encode()]
             per_entry: dict[bytes, int] = {}
@@ -539,11 +539,19 @@ async def test_nesting_up_to_100000_levels_everywhere_with_real_processes(
         assert client.stats["oversized_replies"] == 1 and client.stats["malformed_replies"] == 0
         assert client.stats["refused"] == 13
         # Re-fed dead letters (hookbus replay --dlq) are dead-lettered again, once each.
+        # Only letters holding a whole message are re-fed: one cut to its first 4 KiB (the
+        # deepest nestings) or with no message stays (protocol 8.2).
+        ledger = [f for _, f in await redis.xrange(keys.hook_dlq("Ledger"))]
+        whole = [f for f in ledger if f.get(b"data") and b"cut" not in f and b"lost" not in f]
+        assert len(ledger) == len(written[ev(keys)]) + len(written[keys.replay("Ledger")])
+        assert 0 < len(whole) < len(ledger)
+        assert all(len(f[b"data"]) <= 4096 and f[b"sha256"] for f in ledger if f[b"data"])
+        before = (await redis.xrevrange(keys.hook_dlq("Ledger"), count=1))[0][0]
         refed = await replay_dead_letters(redis, keys, "Ledger")
-        assert refed == len(written[ev(keys)]) + len(written[keys.replay("Ledger")])
+        assert refed == len(whole)
         await wait_for(settled, timeout=60, what="re-fed dead letters acknowledged")
         again = [
-            f for _, f in await redis.xrange(keys.dlq)
+            f for _, f in await redis.xrange(keys.hook_dlq("Ledger"), min=b"(" + before)
             if f[b"source"] == keys.replay("Ledger").encode() and f[b"hook"] == b"Ledger"
         ]  # fmt: skip
         assert len(again) == refed
@@ -573,7 +581,7 @@ def flood(i: int, envelope: dict[str, Any]) -> dict[bytes, bytes]:
     """The i-th of a mix of poison entries: too deep, malformed JSON, wrong types, no data."""
     kinds = [
         lambda: {b"data": deep_json(1_000 + i)},
-        lambda: {b"data": b'{"v":2,"id":' + str(i).encode()},
+        lambda: {b"data": b'{"v":3,"id":' + str(i).encode()},
         lambda: {b"data": json.dumps({**envelope, "ts": "never"}).encode()},
         lambda: {b"data": json.dumps({**envelope, "junk": nested(200)}).encode()},
         lambda: {b"other": str(i).encode()},
@@ -603,12 +611,12 @@ async def test_400_poison_messages_log_a_bounded_number_of_lines(
         await wait_for(groups_ready, timeout=30, what="the services' groups")
         await wait_for(lambda: redis.zcard(keys.replicas("AsyncSink")), what="AsyncSink")
         request = {**VALID_REQUEST, "hook": "Sink"}
-        event = {"v": 2, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
+        event = {"v": 3, "id": "e", "ts": 1, "event": "OnSessionStart", "session_id": "s"}
         streams = {
             keys.requests("Sink"): (request, WORKERS_GROUP),
             ev(keys): (event, "AsyncSink"),
             dv(keys): (
-                {"v": 2, "id": "d", "ts": 1, "event": "PreToolUse"},
+                {"v": 3, "id": "d", "ts": 1, "event": "PreToolUse"},
                 COORDINATORS_GROUP,
             ),
         }
@@ -624,11 +632,11 @@ async def test_400_poison_messages_log_a_bounded_number_of_lines(
                 info = {g["name"].decode(): g for g in await redis.xinfo_groups(stream)}
                 if info[group]["pending"] or info[group]["lag"]:
                     return False
-            return await redis.xlen(keys.dlq) >= 1200
+            return len(await all_dead_letters(redis, keys)) >= 1200
 
         await wait_for(all_dead_lettered, timeout=60, what="1,200 dead letters")
         handled_in = time.monotonic() - t0
-        letters = [f for _, f in await redis.xrange(keys.dlq)]
+        letters = await all_dead_letters(redis, keys)
         for stream in streams:
             assert sum(f[b"source"] == stream.encode() for f in letters) == 400, stream
         # The count of what was not logged line by line comes at the end of the interval.

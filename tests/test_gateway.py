@@ -228,7 +228,7 @@ def test_a_cancelled_session_stops_claude_code(
 
 def decision_request(**fields: Any) -> dict[str, Any]:
     return {
-        "v": 2, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
+        "v": 3, "id": f"req-{new_id()[:6]}", "ts": now_ms(), "event": "PreToolUse",
         "context": {"session_id": "s-http", "tool_name": "file_read",
                     "tool_args": {"path": "app/.env"}},
         "timeout_ms": 5000, **fields,
@@ -245,7 +245,7 @@ def test_decisions_endpoint_answers_like_the_coordinator_service(
     status, reply, headers = gateway.post("/v1/decisions", request)
     assert status == 200 and headers["content-type"] == "application/json", reply
     assert (reply["v"], reply["request_id"], reply["event"], reply["status"]) == (
-        2, request["id"], "PreToolUse", "ok")  # fmt: skip
+        3, request["id"], "PreToolUse", "ok")  # fmt: skip
     assert reply["result"]["action"] == {
         "type": "Block",
         "reason": ".env files hold secrets; file_read on them is not allowed",
@@ -265,7 +265,7 @@ def test_decisions_endpoint_answers_like_the_coordinator_service(
         (json.dumps(decision_request(event="PreToolCall")).encode(), "$.event", "PreToolCall"),
         (json.dumps(decision_request(context={"session_id": "s", "tool_name": 3})).encode(),
          "$.context.tool_name", "Expected `str`, got `int`"),
-        (json.dumps(decision_request(v=3)).encode(), "$.v", "protocol version 3"),
+        (json.dumps(decision_request(v=4)).encode(), "$.v", "protocol version 4"),
     ],
     ids=["not-json", "unknown-event", "wrong-type", "version"],
 )  # fmt: skip

@@ -74,7 +74,7 @@ async def test_an_oversized_context_is_refused_not_sent_whatever_the_policy(
         assert "over the 1032192-byte limit (MAX_CONTEXT_BYTES)" in result.action.reason
         assert result.final_args == {} and client.stats["refused"] == 1
         await client.drain(timeout=5)
-        letters = await client.redis.xrange(client.keys.dlq)
+        letters = await client.redis.xrange(client.keys.dlq)  # the coordinators' unit
         assert [(f[b"event"], f[b"source"]) for _, f in letters] == [
             (b"PreToolUse", client.keys.event_partitions[0].encode())
         ]

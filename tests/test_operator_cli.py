@@ -320,7 +320,8 @@ def test_events_tail_names_the_12_events_for_an_unknown_one(bus_settings: BusSet
 
 
 def dead_letters(r: redis.Redis, keys: Keys) -> list[str]:
-    """Two dead letters of async hook h1, one of h2, one of a sync hook's request stream."""
+    """Two dead letters of async hook h1, one of h2, one of a sync hook's request stream: each
+    in its hook's own dead-letter stream (key layout 3), the hooks registered."""
     data = pre("s1")["data"]
     long_reason = "failed 5 deliveries; last: ValueError: " + "x" * 300
     fields: list[dict[str, Any]] = [
@@ -333,7 +334,13 @@ def dead_letters(r: redis.Redis, keys: Keys) -> list[str]:
         {"source": keys.requests("Guard"), "reason": "malformed HookRequest", "data": "not [json",
          "ts": now_ms()},
     ]  # fmt: skip
-    return [r.xadd(keys.dlq, f).decode() for f in fields]
+    r.sadd(keys.hooks, "h1", "h2", "Guard")
+    units = ["h1", "h1", "h2", "Guard"]
+    at = now_ms()  # distinct ids (each stream would start its own at -0)
+    return [
+        r.xadd(keys.hook_dlq(u), f, id=f"{at}-{k}").decode()
+        for k, (u, f) in enumerate(zip(units, fields, strict=True))
+    ]
 
 
 def test_dlq_list_shows_the_newest_dead_letters_with_shortened_reasons(
@@ -342,10 +349,11 @@ def test_dlq_list_shows_the_newest_dead_letters_with_shortened_reasons(
     keys = Keys(bus_settings.prefix)
     ids = dead_letters(r, keys)
     rows = table_rows(ok(hookbus(bus_settings, "dlq", "list")))
-    assert [rows[i][2:4] for i in ids] == [
-        ["h1", "5"], ["h1", "5"], ["h2", "5"], [keys.requests("Guard"), "-"],
+    assert [rows[i][2:5] for i in ids] == [
+        ["hook h1", "h1", "5"], ["hook h1", "h1", "5"], ["hook h2", "h2", "5"],
+        ["hook Guard", keys.requests("Guard"), "-"],
     ]  # fmt: skip
-    assert rows[ids[0]][4].endswith("…") and len(rows[ids[0]][4]) < 100
+    assert rows[ids[0]][5].endswith("…") and len(rows[ids[0]][5]) < 100
     out = ok(hookbus(bus_settings, "dlq", "list", "--hook", "h1", "--limit", "1"))
     assert list(table_rows(out)) == [ids[1]]  # the newest of h1
     assert "raise --limit" in out
@@ -379,6 +387,7 @@ def test_dlq_show_prints_a_poison_message_nested_100000_levels_as_text(
     poison = "[" * 100_000 + "]" * 100_000
     source = keys.event_partitions[0]
     entry = r.xadd(keys.dlq, {"source": source, "reason": "nests more", "data": poison})
+    # (as the operator or an old bus wrote it: the bus itself keeps a 4 KiB prefix)
     out = ok(hookbus(bus_settings, "dlq", "show", entry.decode()))
     assert "data:" in out and "data (JSON):" not in out
     assert out.count("[") >= 100_000 and "Traceback" not in out
@@ -388,15 +397,18 @@ def test_dlq_replay_refeeds_one_hooks_dead_letters(
     bus_settings: BusSettings, r: redis.Redis
 ) -> None:
     keys = Keys(bus_settings.prefix)
-    ids = dead_letters(r, keys)
-    r.sadd(keys.hooks, "h1") and r.set(
-        keys.manifest("h1"), encode(HookManifest(name="h1", kind="async"))
-    )
-    out = ok(hookbus(bus_settings, "dlq", "replay", "h1"))
+    dead_letters(r, keys)
+    r.set(keys.manifest("h1"), encode(HookManifest(name="h1", kind="async")))
+    refused = hookbus(bus_settings, "dlq", "replay", "h1")
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert "2 dead letters of h1's own stream" in refused.stdout and r.xlen(keys.replay("h1")) == 0
+    out = ok(hookbus(bus_settings, "dlq", "replay", "h1", "--yes"))
     assert "re-fed 2 dead letters to h1" in out
     assert r.xlen(keys.replay("h1")) == 2
-    assert [i.decode() for i, _ in r.xrange(keys.dlq)] == ids[2:]
-    assert "no dead letters of h1" in ok(hookbus(bus_settings, "dlq", "replay", "h1"))
+    assert r.xlen(keys.hook_dlq("h1")) == 0 and r.xlen(keys.hook_dlq("h2")) == 1
+    assert "no dead letters of h1" in ok(hookbus(bus_settings, "dlq", "replay", "h1", "--yes"))
+    # Deleted by the operator: not counted as cut by a cap.
+    assert "CUT" not in ok(hookbus(bus_settings, "dlq", "list"))
 
 
 def test_dlq_purge_asks_for_yes_when_not_on_a_terminal(
@@ -409,13 +421,15 @@ def test_dlq_purge_asks_for_yes_when_not_on_a_terminal(
     where, line = refused.stderr.splitlines()  # the Redis it talks to, then the refusal
     assert where.startswith("hookbus: talking to Redis at ")
     assert "4 dead letters" in line and "--yes" in line
-    assert r.xlen(keys.dlq) == 4
+    assert r.xlen(keys.hook_dlq("h1")) == 2
     assert "deleted 1 dead letter of h2" in ok(
         hookbus(bus_settings, "dlq", "purge", "--hook", "h2", "--yes")
     )
-    assert [i.decode() for i, _ in r.xrange(keys.dlq)] == [ids[0], ids[1], ids[3]]
+    assert r.xlen(keys.hook_dlq("h2")) == 0 and r.xlen(keys.hook_dlq("Guard")) == 1
+    assert [i.decode() for i, _ in r.xrange(keys.hook_dlq("h1"))] == ids[:2]
     assert "deleted 3 dead letters" in ok(hookbus(bus_settings, "dlq", "purge", "--yes"))
-    assert r.xlen(keys.dlq) == 0
+    assert sum(r.xlen(keys.hook_dlq(h)) for h in ("h1", "h2", "Guard")) == 0
+    assert "CUT" not in ok(hookbus(bus_settings, "dlq", "list"))
     assert "nothing to delete" in ok(hookbus(bus_settings, "dlq", "purge", "--yes"))
 
 
@@ -423,11 +437,12 @@ def test_dlq_purge_of_many_entries(bus_settings: BusSettings, r: redis.Redis) ->
     keys = Keys(bus_settings.prefix)
     with r.pipeline(transaction=False) as pipe:
         for i in range(MANY + 100):
-            pipe.xadd(keys.dlq, {"source": "x", "reason": "r", "data": "d", "ts": i, "hook": "h"})
+            letter = {"source": "x", "reason": "r", "data": "d", "ts": i, "hook": "h"}
+            pipe.xadd(keys.hook_dlq("h"), letter)
         pipe.execute()
     out = ok(hookbus(bus_settings, "dlq", "purge", "--hook", "h", "--yes"))
     assert f"deleted {MANY + 100} dead letters of h" in out
-    assert r.xlen(keys.dlq) == 0
+    assert r.xlen(keys.hook_dlq("h")) == 0
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -570,7 +585,7 @@ def test_repair_takes_out_a_maximal_id_and_keeps_groups_and_entries(
     slow = r.xreadgroup("slow", "c1", {stream: ">"})[0][1]
     assert [i for i, _ in slow] == [*valid[1:], new]
     # The poison is a dead letter with why, and the repair is in the audit trail.
-    (letter,) = [f for _, f in r.xrange(keys.dlq)]
+    (letter,) = [f for _, f in r.xrange(keys.tenant_dlq("acme"))]  # the tenant's unit
     assert letter[b"source"] == stream.encode() and letter[b"entry_id"] == poison
     assert letter[b"data"] == b"poison"
     assert letter[b"reason"].startswith(f"repair: its id {MAX_ID} was beyond".encode())
@@ -579,7 +594,7 @@ def test_repair_takes_out_a_maximal_id_and_keeps_groups_and_entries(
     # Repaired: a second run changes nothing.
     again = ok(hookbus(bus_settings, "repair", stream))
     assert f"{stream} is not poisoned" in again
-    assert r.xlen(keys.dlq) == 1 and len(audit_kinds(r, keys)) == 1
+    assert r.xlen(keys.tenant_dlq("acme")) == 1 and len(audit_kinds(r, keys)) == 1
 
 
 def test_repair_takes_out_every_entry_a_future_id_pushed_ahead(
@@ -629,7 +644,7 @@ async def test_repair_on_a_redis_cluster(cluster_settings: BusSettings) -> None:
         await client.xadd(stream, {"data": "poison"}, id=MAX_ID)
         done = await repair_stream(client, keys, stream, "ops")
         assert done.poisoned and done.new_last_id == first.decode()
-        assert await client.xlen(keys.dlq) == 1
+        assert await client.xlen(keys.hook_dlq("Guard")) == 1  # the hook's unit
         assert (await client.xadd(stream, {"data": "later"})) > first
     finally:
         await client.aclose()

@@ -88,7 +88,7 @@ async def caught_up(redis: Redis, stream: str, group: str) -> bool:
 
 
 async def loss_records(redis: Redis, keys: Keys, group: str) -> list[dict[bytes, bytes]]:
-    rows: Any = await redis.xrange(keys.dlq)
+    rows: Any = await redis.xrange(keys.hook_dlq(group))  # the group's unit
     return [f for _, f in rows if f.get(b"hook") == group.encode() and b"lost" in f]
 
 
@@ -298,10 +298,18 @@ async def test_sync_requests_and_decisions_cut_while_pending_are_dead_lettered(
         await publish_capped(redis, stream, [b"x"] * 500, 100)  # cuts them
         mine = {cut[0]}  # one of them a live replica is still running
         taken = await keep_and_claim(
-            redis, stream, WORKERS_GROUP, "live", mine, 0, 100, dlq=keys.dlq, hook="Guard"
+            redis,
+            stream,
+            WORKERS_GROUP,
+            "live",
+            mine,
+            0,
+            100,
+            dlq=keys.hook_dlq("Guard"),
+            hook="Guard",
         )
         assert all(entry_id not in cut for entry_id, _ in taken)
-        letters: Any = await redis.xrange(keys.dlq)
+        letters: Any = await redis.xrange(keys.hook_dlq("Guard"))
         assert sorted(f[b"entry_id"] for _, f in letters) == sorted(cut[1:])
         assert {f[b"reason"] for _, f in letters} == {
             f"{TRIMMED}: cut by the cap of {stream} while pending".encode()
@@ -523,7 +531,7 @@ async def test_a_hook_slower_than_the_claim_time_runs_each_event_once_per_group(
         elapsed = time.monotonic() - began
         runs = collections.Counter(record.read_text().split())
         assert set(runs.values()) == {1}, runs.most_common(3)
-        assert await redis.xlen(keys.dlq) == 0
+        assert await redis.xlen(keys.hook_dlq("Slow")) == 0
         print(f"{total} events x {delay} s on {replicas} replicas: {elapsed:.1f} s")
     finally:
         await redis.aclose()

@@ -75,8 +75,15 @@ from bus.telemetry import tracing as telemetry
 from bus.transport.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.transport.directory import HookDirectory, RemoteTarget
 from bus.transport.keys import Keys, session_digest
+from bus.transport.redis_io import (
+    check_partitions,
+    connect,
+    dead_letter,
+    held_connection,
+    pipelined,
+    xadd_batch,
+)
 from bus.transport.redis_io import close as close_client
-from bus.transport.redis_io import connect, dead_letter, held_connection, pipelined, xadd_batch
 from bus.transport.retention import hard_cap
 
 log = logging.getLogger("hookbus.coordinator")
@@ -192,6 +199,8 @@ class Coordinator(EventRunner):
         self._tasks: list[asyncio.Task[Any]] = []
         self._wake = asyncio.Event()
         self._closed = False
+        #: Set (to the one line) while the bus's partition count is not this process's.
+        self.partitions_mismatch = ""
         #: Why the hook directory has not been read yet (bus/unread.py), while it has not.
         self.unread_why = "the coordinator has not started"
         telemetry.instrument(self)
@@ -210,6 +219,12 @@ class Coordinator(EventRunner):
             )
         self.unread_why = "reading it at start"
         try:
+            try:
+                await check_partitions(self.redis, self.keys)
+            except ConfigError:  # another partition count than the bus's: refuses to start
+                await close_client(self.redis)
+                self._closed = True
+                raise
             await self.clock.measure(self.redis, START_SAMPLES)
             await self.directory.refresh()
         except (RedisError, OSError) as exc:
@@ -241,9 +256,10 @@ class Coordinator(EventRunner):
         self._wake.set()
         # The loops notice _closed within one short poll; cancelling a redis-py command in
         # flight can leave it waiting on its connection, so cancellation is only the fallback.
-        _, late = await asyncio.wait(self._tasks, timeout=3)
-        for task in late:
-            task.cancel()
+        if self._tasks:  # none if start() refused (another partition count)
+            _, late = await asyncio.wait(self._tasks, timeout=3)
+            for task in late:
+                task.cancel()
         if self._send_conn is not None:
             await self.redis.connection_pool.release(self._send_conn)
         await close_client(self.redis)
@@ -408,7 +424,7 @@ class Coordinator(EventRunner):
         self.spawn(
             dead_letter(
                 self.redis,
-                self.keys,
+                self.keys.dlq,
                 self.keys.events(str(session_of(ctx))),
                 f"{event.value} refused: {error}",
                 b"",
@@ -816,6 +832,20 @@ class Coordinator(EventRunner):
 
     # -- keeping the directory fresh -----------------------------------------------------------
 
+    async def _check_partitions(self) -> None:
+        """On every refresh: the bus's partition count (``{p}:config``) still this process's?
+        If not (an operator changed it, or the bus was set up after this process started while
+        Redis was away), say so once, as an ERROR: this process's events go where no hook
+        reads them until it is restarted with the bus's count."""
+        try:
+            await check_partitions(self.redis, self.keys)
+        except ConfigError as exc:
+            if not self.partitions_mismatch:
+                log.error("%s", exc)
+            self.partitions_mismatch = str(exc)
+        else:
+            self.partitions_mismatch = ""
+
     async def _refresh_loop(self) -> None:
         # The first wait is a random part of the period: clients started together (an agent
         # host's, a benchmark's) then refresh apart. In step, 32 of them stalled every
@@ -831,6 +861,7 @@ class Coordinator(EventRunner):
                 return
             known = self.directory.known
             try:
+                await self._check_partitions()
                 await self.clock.measure(self.redis)
                 await self.directory.refresh()
                 # The inbox's TTL is set here, by its owner only (hooks may only RPUSH): replies

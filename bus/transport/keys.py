@@ -1,6 +1,7 @@
 """Every Redis key and channel HookBus uses, under one configurable prefix (default ``hookbus``).
 
-Key layout 2 (protocol version 2). ``{…}`` in the names below are literal Redis Cluster hash
+Key layout 3 (protocol version 3: dead letters per unit, the partition count in
+``{p}:config``). ``{…}`` in the names below are literal Redis Cluster hash
 tags: keys that must live on one slot share a tag (a hook's keys, a partition's stream), and keys
 that must not, do not (session keys carry none, so sessions spread over the whole cluster). A
 Redis ACL user's key patterns follow the same tags: a hook's own user gets ``{p}:hook:{NAME}:*``.
@@ -25,14 +26,25 @@ key                                          type    holds
                                                      hook's group handled them
                                                      (bus/transport/retention.py)
 ``{p}:hook:{NAME}:metrics``                  hash    figures collected by an async MetricsHook
+``{p}:hook:{NAME}:dlq``                      stream  the hook's dead letters (written by its own
+                                                     processes and the operator only)
 ``{p}:inbox:{id}``                           list    replies for one coordinator or one client
 ``{p}:session:{sid}:hooks``                  set     names of hooks attached to one session (TTL)
 ``{p}:cancelled:{sid}``                      string  present while a session is cancelled (TTL)
 ``{p}:tenants``                              set     tenants the coordinator service serves
 ``{p}:t:{TENANT}:decisions``                 stream  an untrusted agent's decision requests
 ``{p}:t:{TENANT}:inbox:{id}``                list    replies to an untrusted agent
+``{p}:t:{TENANT}:dlq``                       stream  dead letters about the tenant's requests
+                                                     (written by the coordinator service)
 ``{p}:control``                              pubsub  announcements: manifests, replicas, sessions
-``{p}:dlq``                                  stream  dead letters: malformed or undeliverable
+``{p}:config``                               hash    the bus's shared configuration:
+                                                     ``partitions`` (written once, if absent)
+``{p}:dlq``                                  stream  the coordinators' dead letters (agents'
+                                                     coordinators, the coordinator service about
+                                                     trusted requests, the gateway, the operator)
+``{p}:dlq:purged``                           hash    dead-letter stream → letters the operator
+                                                     deleted (operator only): what a cap cut is
+                                                     entries-added − length − this
 ``{p}:audit``                                stream  answers not applied, break-glass switches
 ``{p}:breakglass``                           string  present while break-glass is on (TTL)
 ===========================================  ======  ==============================================
@@ -44,6 +56,11 @@ slot lies in the i-th of N equal slot ranges (:func:`partition_tag`). A session'
 same way: shard 0 keeps the hook's tag, and shard k of S takes the first ``NAME#k.j`` whose slot
 lies in the k-th of S equal slot ranges after shard 0's (:func:`shard_tag`); a session's requests
 go to shard ``crc32(session id, UTF-8) mod S``.
+
+Dead letters live in one stream per unit (a hook, a tenant, the coordinators), under the unit's
+hash tag, so a leaked credential can write, trim or exhaust only its own unit's; each is capped at
+``MAXLEN ~ DLQ_MAXLEN`` and each letter keeps at most ``DLQ_DATA_BYTES`` of a message (plus its
+size and SHA-256), so the bytes of one unit are bounded (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -67,6 +84,10 @@ _TENANT = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 MAX_SHARDS = 64
 #: Most partitions a bus may have (each is a stream every async hook group reads).
 MAX_PARTITIONS = 1024
+#: Cap of each dead-letter stream (``XADD … MAXLEN ~``): one unit's letters, not the bus's.
+DLQ_MAXLEN = 10_000
+#: Most bytes of a message a dead letter keeps (a prefix; its size and SHA-256 are kept too).
+DLQ_DATA_BYTES = 4096
 
 
 def check_name(kind: str, value: str) -> str:
@@ -145,10 +166,12 @@ class Keys:
     __slots__ = (
         "audit",
         "breakglass",
+        "config",
         "control",
         "coordinators",
         "decision_partitions",
         "dlq",
+        "dlq_purged",
         "event_partitions",
         "hooks",
         "modes",
@@ -179,7 +202,13 @@ class Keys:
         self.modes = f"{prefix}:modes"
         self.tenants = f"{prefix}:tenants"
         self.control = f"{prefix}:control"
+        #: The coordinators' dead letters (hooks' and tenants' have their own: hook_dlq,
+        #: tenant_dlq).
         self.dlq = f"{prefix}:dlq"
+        #: Dead-letter stream → how many letters the operator deleted (to tell them from a cut).
+        self.dlq_purged = f"{prefix}:dlq:purged"
+        #: The bus's shared configuration (``partitions``), written once (HSETNX).
+        self.config = f"{prefix}:config"
         #: The audit trail: answers not applied (warn, dryrun, break-glass), break-glass on/off.
         self.audit = f"{prefix}:audit"
         #: Present (with a TTL) while an operator's break-glass bypass is on.
@@ -223,6 +252,26 @@ class Keys:
     def tenant_decisions(self, tenant: str) -> str:
         """An untrusted agent's decision requests (its tenant's only writable stream)."""
         return f"{self.prefix}:t:{{{check_tenant(tenant)}}}:decisions"
+
+    def tenant_dlq(self, tenant: str) -> str:
+        """Dead letters about a tenant's requests (the coordinator service writes them; the
+        tenant's own user cannot)."""
+        return f"{self.prefix}:t:{{{check_tenant(tenant)}}}:dlq"
+
+    def hook_dlq(self, hook: str) -> str:
+        """A hook's dead letters: only its own processes (its user) and the operator write
+        them, so replaying them to it re-feeds nothing another unit wrote."""
+        return f"{self._hook(check_name('hook name', hook))}:dlq"
+
+    def dlq_of(self, stream: str) -> str:
+        """The dead-letter stream of the unit ``stream`` belongs to: a hook's keys (and its
+        shards') → the hook's, a tenant's → the tenant's, any other → the coordinators'."""
+        p = re.escape(self.prefix)
+        hook = re.fullmatch(rf"{p}:hook:\{{([A-Za-z0-9_.\-]{{1,128}})(?:#\d+\.\d+)?\}}:\w+", stream)
+        if hook:
+            return self.hook_dlq(hook[1])
+        tenant = re.fullmatch(rf"{p}:t:\{{([A-Za-z0-9_\-]{{1,64}})\}}:\w+", stream)
+        return self.tenant_dlq(tenant[1]) if tenant else self.dlq
 
     def tenant_inbox(self, tenant: str, owner: str) -> str:
         """Replies to one client of a tenant."""

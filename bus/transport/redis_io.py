@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import re
@@ -35,12 +36,12 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bus.errors import HookRetired, RedisAuthError
+from bus.errors import ConfigError, HookRetired, RedisAuthError
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, cluster_seeds
 from bus.transport.directory import read_manifest
-from bus.transport.keys import Keys
+from bus.transport.keys import DLQ_DATA_BYTES, DLQ_MAXLEN, Keys
 
 log = logging.getLogger("hookbus.redis")
 T = TypeVar("T")
@@ -692,7 +693,7 @@ async def keep_and_claim(
         async with redis.pipeline(transaction=False) as pipe:
             for entry_id in deleted:
                 letter = dead_letter_entry(stream, reason, b"", entry_id=entry_id.decode(), **extra)
-                pipe.xadd(dlq, letter, maxlen=100_000, approximate=True)
+                xadd_dead_letter(pipe, dlq, letter)
             await pipe.execute()
         log.error(
             "%d pending entries of %s (group %s) were %s; first %s",
@@ -787,23 +788,135 @@ async def hand_over(
     return len(ids)
 
 
+def bounded_data(data: Any) -> dict[str, str | bytes]:
+    """A message as a dead letter keeps it: at most its first ``DLQ_DATA_BYTES`` (``data``),
+    with its whole ``size`` and SHA-256 (``sha256``); ``cut`` = 1 if the prefix is not all of
+    it (such a letter is never replayed)."""
+    if isinstance(data, bytes):
+        whole = data
+    else:
+        whole = (data if isinstance(data, str) else repr(data)).encode("utf-8", "surrogatepass")
+    if not whole:
+        return {"data": b""}
+    fields: dict[str, str | bytes] = {
+        "data": whole[:DLQ_DATA_BYTES],
+        "size": str(len(whole)),
+        "sha256": hashlib.sha256(whole).hexdigest(),
+    }
+    if len(whole) > DLQ_DATA_BYTES:
+        fields["cut"] = "1"
+    return fields
+
+
 def dead_letter_entry(source: str, reason: str, data: Any, **extra: str) -> dict[Any, Any]:
-    """The fields of one dead letter: where it came from, why, the message, when (+ extra)."""
+    """The fields of one dead letter: where it came from, why, the message (a bounded prefix,
+    its size and digest: :func:`bounded_data`), when (+ extra, each at most 300 bytes; the reason
+    at most 2000).
+    So one letter takes at most ~7.4 KB, whatever it records."""
     return {
-        "source": source,
-        "reason": reason[:2000],
-        "data": data if isinstance(data, bytes | str) else repr(data),
+        "source": _at_most(source, 300),
+        "reason": _at_most(reason, 2000),
+        **bounded_data(data),
         "ts": str(now_ms()),
-        **extra,
+        **{k: _at_most(str(v), 300) for k, v in extra.items()},
     }
 
 
+def _at_most(text: str, size: int) -> str:
+    """``text``, cut to at most ``size`` bytes of UTF-8 (never inside a character)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    return text if len(raw) <= size else raw[:size].decode("utf-8", "ignore")
+
+
+def xadd_dead_letter(pipe: Any, dlq: str, letter: dict[Any, Any]) -> Any:
+    """XADD one letter to a unit's dead-letter stream, capped (``DLQ_MAXLEN``)."""
+    return pipe.xadd(dlq, letter, maxlen=DLQ_MAXLEN, approximate=True)
+
+
 async def dead_letter(
-    redis: Redis, keys: Keys, source: str, reason: str, data: Any, **extra: str
+    redis: Redis, dlq: str, source: str, reason: str, data: Any, **extra: str
 ) -> None:
-    """Keep a message nobody could use, with why, in ``{p}:dlq`` (bounded)."""
+    """Keep a message nobody could use, with why, in the dead-letter stream ``dlq`` of the
+    unit it concerns (``Keys.dlq``, ``Keys.hook_dlq``, ``Keys.tenant_dlq``; bounded)."""
     entry = dead_letter_entry(source, reason, data, **extra)
     try:
-        await redis.xadd(keys.dlq, entry, maxlen=100_000, approximate=True)
+        await xadd_dead_letter(redis, dlq, entry)
     except UNREACHABLE as exc:
         _failures.error("could not dead-letter a message from %s (%s): %s", source, reason, exc)
+
+
+def partitions_mismatch(keys: Keys, theirs: int) -> str:
+    """One line naming both counts, and how to fix it."""
+    return (
+        f"this process has HOOKBUS_PARTITIONS={keys.partitions} but the bus (prefix "
+        f"{keys.prefix}) has {theirs} partitions ({keys.config} partitions): start it with "
+        f"HOOKBUS_PARTITIONS={theirs}; on another count its events would go where no hook "
+        f"reads them. To change the bus's count, stop every process of the bus and run "
+        f"hookbus partitions {keys.partitions} --force"
+    )
+
+
+async def check_partitions(redis: Redis, keys: Keys) -> None:
+    """The partition count is the bus's shared configuration (``{p}:config`` ``partitions``):
+    written once, by the first process (HSETNX), read by every process at start and on
+    refresh. Raises ConfigError (one line naming both counts) if the bus has another count
+    than this process. A user that may not write it (NOPERM) only reads."""
+    with contextlib.suppress(NoPermissionError):
+        await redis.hsetnx(keys.config, "partitions", str(keys.partitions))
+    value = await redis.hget(keys.config, "partitions")
+    if value is None:
+        return
+    try:
+        theirs = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{keys.config} partitions is {value!r}, not a number: an operator must set it "
+            f"(hookbus partitions N --force)"
+        ) from None
+    if theirs != keys.partitions:
+        raise ConfigError(partitions_mismatch(keys, theirs))
+
+
+async def partitions_changed(redis: Redis, keys: Keys) -> bool:
+    """A hook service's check on refresh: True (after an ERROR line naming both counts) if the
+    bus's partition count is no longer this process's: it stops rather than read streams no
+    agent writes (a supervisor restarting it with the old count is refused at start)."""
+    try:
+        await check_partitions(redis, keys)
+    except ConfigError as exc:
+        log.error("stopping: %s", exc)
+        return True
+    return False
+
+
+class CutWatch:
+    """Reports what the cap of a dead-letter stream cut: Redis's entries-added − length − the
+    letters the operator deleted (``{p}:dlq:purged``). Each service watches the units it
+    writes (a hook its own, the coordinator service the tenants' and ``{p}:dlq``) every
+    ``every_secs`` and logs an ERROR line when the count grew (and once at start if any)."""
+
+    def __init__(self, every_secs: float = 10.0) -> None:
+        self.every_secs = every_secs
+        self.cut: dict[str, int] = {}
+        self._next = 0.0
+
+    async def check(self, redis: Redis, keys: Keys, streams: Sequence[str]) -> None:
+        import time
+
+        if not streams or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every_secs
+        purged: Any = await redis.hmget(keys.dlq_purged, list(streams))
+        for stream, deleted in zip(streams, purged, strict=True):
+            try:
+                info: Any = await redis.xinfo_stream(stream)
+            except ResponseError:  # no such stream yet
+                continue
+            cut = int(info.get("entries-added") or 0) - int(info["length"]) - int(deleted or 0)
+            before = self.cut.get(stream, 0)
+            self.cut[stream] = cut
+            if cut > before:
+                log.error(
+                    "%d dead letters of %s cut by its cap (MAXLEN ~%d), %d in all: see "
+                    "hookbus dlq list", cut - before, stream, DLQ_MAXLEN, cut,
+                )  # fmt: skip

@@ -45,7 +45,13 @@ from redis.exceptions import NoScriptError, ResponseError
 from bus.errors import HookBusError
 from bus.telemetry import tracing as telemetry
 from bus.transport.keys import Keys, check_name
-from bus.transport.redis_io import TRIMMED, Entry, dead_letter_entry, pipelined
+from bus.transport.redis_io import (
+    TRIMMED,
+    Entry,
+    dead_letter_entry,
+    pipelined,
+    xadd_dead_letter,
+)
 
 log = logging.getLogger("hookbus.retention")
 HARD_CAP_FACTOR = 10
@@ -349,10 +355,17 @@ class Retention:
             len(entry_ids), group, stream, TRIMMED, _text(entry_ids[0]),
         )  # fmt: skip
 
+    def _dlq(self, group: str) -> str:
+        """A group's loss letters go to its unit: an async hook's group is named after it."""
+        try:
+            return self.keys.hook_dlq(group)
+        except HookBusError:  # a group no hook service made: the coordinators' unit
+            return self.keys.dlq
+
     async def _report(self, stream: str, group: str, count: int, letters: list[Any]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for letter in letters:
-                pipe.xadd(self.keys.dlq, letter, maxlen=100_000, approximate=True)
+                xadd_dead_letter(pipe, self._dlq(group), letter)
             # A group no hook service made has no counter: its dead letters say it.
             with contextlib.suppress(HookBusError):
                 pipe.hincrby(self.keys.lost(check_name("hook name", group)), stream, count)

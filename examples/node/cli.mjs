@@ -123,7 +123,12 @@ async function main() {
     console.error(e.message);
     return 2;
   }
-  await bus.connect();
+  try {
+    await bus.connect();
+  } catch (e) { // another partition count than the bus's (section 2), or no Redis
+    console.error(e.message);
+    return 2;
+  }
   try {
     if (command === 'scenario' || command === 'emit-all') await emitAll(bus, opts.session);
     if (command === 'scenario') {

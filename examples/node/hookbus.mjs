@@ -1,4 +1,4 @@
-// A small HookBus client for Node.js, written from docs/protocol.md (wire protocol v2).
+// A small HookBus client for Node.js, written from docs/protocol.md (wire protocol v3).
 //
 // It plays the "agent using the coordinator service" role (protocol.md, section 10), in one of
 // two tiers (protocol.md 6.3, docs/security.md):
@@ -24,7 +24,7 @@ import { hostname } from 'node:os';
 import { crc32 } from 'node:zlib';
 import { createClient, createCluster } from 'redis';
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 
 // The 12 lifecycle events (section 4.1).
 export const EVENTS = Object.freeze([
@@ -150,6 +150,7 @@ export class HookBus {
     this.prefix = prefix;
     this.source = source;
     this.clientId = clientId ?? `node-${hostname()}-${process.pid}-${newId().slice(0, 6)}`;
+    this.partitions = partitions;
     this.keys = keysOf({ prefix, tenant, partitions, clientId: this.clientId });
     this.tenant = this.keys.tenant;
     // One connection for commands, one for the blocking pops (section 6.3, client rules).
@@ -163,7 +164,32 @@ export class HookBus {
   /** Open both connections (`HookBus.connect` does it for you). */
   async connect() {
     await Promise.all([this.redis.connect(), this.blocking.connect()]);
+    if (!this.tenant) await this.checkPartitions();
     return this;
+  }
+
+  /**
+   * The partition count is the bus's shared configuration (section 2, key layout 3): the hash
+   * `{p}:config`, field `partitions`, written once by the first process (HSETNX). A trusted
+   * agent on another count would send its decisions where no coordinator reads them: refuse to
+   * start, with one line naming both. (A tenant's keys are not partitioned: its user may not
+   * read it and need not.)
+   */
+  async checkPartitions() {
+    const config = `${this.prefix}:config`;
+    try {
+      await this.redis.hSetNX(config, 'partitions', String(this.partitions));
+    } catch (e) {
+      if (!/NOPERM/.test(String(e))) throw e; // a user that may only read it
+    }
+    const value = await this.redis.hGet(config, 'partitions');
+    if (value != null && Number(value) !== this.partitions) {
+      await this.close();
+      throw new Error(
+        `this process has partitions=${this.partitions} but the bus (prefix ${this.prefix}) has ` +
+          `${value} partitions (${config} partitions): start it with partitions ${value}`,
+      );
+    }
   }
 
   #envelope() {

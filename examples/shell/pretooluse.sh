@@ -21,7 +21,8 @@
 # object.
 #
 # Exit status: 0 a reply with status "ok", 1 a reply with status "error",
-#              2 no reply within TIMEOUT_MS + 1 s, 3 redis-cli failed, 4 a bad TENANT.
+#              2 no reply within TIMEOUT_MS + 1 s, 3 redis-cli failed, 4 a bad TENANT,
+#              5 a trusted agent on a bus of more than one partition.
 set -euo pipefail
 
 tool_name=${1:-file_read}
@@ -50,10 +51,16 @@ if [[ -n "${TENANT:-}" ]]; then
 else
   stream="$prefix:decisions:{d0.0}"                      # partition 0 of 1
   inbox="$prefix:inbox:sh-$(hostname)-$$-${id:0:6}"      # our own reply list
+  # The bus's partition count (section 2, {p}:config): this script knows only one partition.
+  partitions=$("${cli[@]}" HGET "$prefix:config" partitions) || exit 3
+  if [[ -n "$partitions" && "$partitions" != 1 ]]; then
+    echo "this script sends to 1 partition but the bus (prefix $prefix) has $partitions ($prefix:config partitions): use TENANT, or a client that computes the partitions (examples/node)" >&2
+    exit 5
+  fi
 fi
 now=$(date +%s%3N)                                       # epoch milliseconds
 
-request="{\"v\":2,\"id\":\"$id\",\"ts\":$now,\"traceparent\":\"\",\"tracestate\":\"\",\
+request="{\"v\":3,\"id\":\"$id\",\"ts\":$now,\"traceparent\":\"\",\"tracestate\":\"\",\
 \"event\":\"PreToolUse\",\"context\":{\"session_id\":\"$session\",\"tool_name\":\"$tool_name\",\
 \"tool_args\":$tool_args,\"step\":0},\"reply_to\":\"$inbox\",\"timeout_ms\":$timeout_ms}"
 

@@ -4,9 +4,10 @@ credential the attacker would hold (a tenant's agent, a hook service, the truste
 
 The users: the shared roles (coordinator, agent, operator), hooks ``Guard`` (a sync hook that
 blocks), ``Rogue`` (the attacker's own sync hook), ``CancellationHook`` (the built-in) and
-``Tail`` (an async hook), and tenants ``acme`` (the attacker) and ``beta`` (the victim). The
-generated ``admin`` user only sets the scene and reads ACL LOG. One server for the
-session; every test starts from an empty keyspace and an empty ACL LOG.
+``Tail`` (an async hook), ``AsyncAuditLogHook`` (the built-in audit log), and tenants ``acme``
+(the attacker) and ``beta`` (the victim). The generated ``admin`` user only sets the scene and
+reads ACL LOG. One server for the session; every test starts from an empty keyspace and an
+empty ACL LOG.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from bus.transport.keys import Keys
 from tests.harness import ROOT, until
 from workers.local.redis_server import free_port, stop_process
 
-HOOKS = "Guard,Rogue,workers.builtins.cancellation:RedisCancellationHook,Tail=async"
+HOOKS = (
+    "Guard,Rogue,workers.builtins.cancellation:RedisCancellationHook,Tail=async,"
+    "workers.builtins.audit:AsyncAuditLogHook"
+)
 TENANTS = "acme,beta"
 ADMIN = "admin-security-pw"
 KEYS = Keys()  # the default prefix, as the generated file is written for

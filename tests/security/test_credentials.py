@@ -96,6 +96,13 @@ TENANT_ATTACKS: list[tuple[Any, ...]] = [
     ("XADD", EVENTS, "*", "data", "{}"), ("XADD", EVENTS, MAX_ID, "data", "x"),
     ("XADD", DECISIONS, "*", "data", "{}"), ("XADD", KEYS.audit, "*", "data", "{}"),
     ("XADD", KEYS.dlq, "*", "data", "{}"), ("XRANGE", KEYS.dlq, "-", "+"),
+    # Dead letters (key layout 3): not even its own unit's (the coordinator service writes
+    # them), nor another's.
+    ("XADD", KEYS.tenant_dlq("acme"), "*", "data", "{}"),
+    ("XADD", KEYS.tenant_dlq("acme"), "MAXLEN", "0", "*", "data", "{}"),
+    ("XADD", KEYS.tenant_dlq("beta"), MAX_ID, "data", "{}"),
+    ("XADD", KEYS.hook_dlq("Guard"), "*", "data", "{}"), ("XADD", KEYS.config, "*", "d", "x"),
+    ("HSET", KEYS.config, "partitions", "1"), ("HSETNX", KEYS.config, "partitions", "1"),
     ("XRANGE", GUARD_REQUESTS, "-", "+"), ("XREAD", "STREAMS", EVENTS, "0"),
     ("XREADGROUP", "GROUP", "AsyncAuditLogHook", "x", "STREAMS", EVENTS, ">"),
     # Another tenant: its decisions stream (a maximal id would stop it) and its replies.
@@ -193,6 +200,18 @@ HOOK_ATTACKS: list[tuple[Any, ...]] = [
     ("XADD", EVENTS, "*", "d", "x"),
     ("XREADGROUP", "GROUP", "AsyncAuditLogHook", "x", "STREAMS", EVENTS, ">"),
     ("XADD", KEYS.audit, "*", "d", "x"), ("XDEL", KEYS.dlq, "0-1"),
+    # Dead letters of any unit but its own (issue 31 #1, #2): erase the coordinators' or a
+    # tenant's (MAXLEN 0), block them (a maximal id), forge another hook's (replayed to it).
+    ("XADD", KEYS.dlq, "MAXLEN", "0", "*", "d", "x"), ("XADD", KEYS.dlq, MAX_ID, "d", "x"),
+    ("XADD", KEYS.dlq, "*", "d", "x"), ("XTRIM", KEYS.dlq, "MAXLEN", "0"),
+    ("XADD", KEYS.tenant_dlq("beta"), "MAXLEN", "0", "*", "d", "x"),
+    ("XADD", KEYS.tenant_dlq("beta"), MAX_ID, "d", "x"),
+    ("XADD", KEYS.hook_dlq("Guard"), "*", "hook", "Guard", "data", "{}"),
+    ("XADD", KEYS.hook_dlq("AsyncAuditLogHook"), "*", "hook", "AsyncAuditLogHook", "data", "{}"),
+    ("XTRIM", KEYS.hook_dlq("Guard"), "MAXLEN", "0"), ("XDEL", KEYS.dlq_purged, "x"),
+    ("HINCRBY", KEYS.dlq_purged, KEYS.hook_dlq("Rogue"), "-5"),
+    # The shared configuration: only set if absent (HSETNX), never changed.
+    ("HSET", KEYS.config, "partitions", "7"), ("DEL", KEYS.config),
     ("XRANGE", KEYS.dlq, "-", "+"), *cancellation_attacks(VICTIM), ("SADD", SESSION, "Evil"),
     ("SREM", SESSION, "Guard"), ("SADD", KEYS.tenants, "evil"),
     # Read replies meant for others.
@@ -212,7 +231,7 @@ def test_a_hook_credential_reaches_nothing_of_another_hook(acl: AclServer, attac
     r.xgroup_create(KEYS.requests("Rogue"), "workers", id="0", mkstream=True)
     r.xgroup_create(KEYS.requests("Rogue", 3, 4), "workers", id="0", mkstream=True)
     assert r.zadd(KEYS.replicas("Rogue"), {"h-1-ab": 1}) == 1
-    assert r.rpush(KEYS.inbox("c1"), "{}") == 1 and r.xadd(KEYS.dlq, {"data": "x"})
+    assert r.rpush(KEYS.inbox("c1"), "{}") == 1 and r.xadd(KEYS.hook_dlq("Rogue"), {"data": "x"})
     assert r.publish(KEYS.control, '{"type":"manifest","name":"Rogue"}') == 0
 
 

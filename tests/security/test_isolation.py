@@ -194,7 +194,8 @@ def test_a_tenant_cannot_have_its_replies_sent_to_another_tenants_inbox(bus: Bus
         acme.send(cancel, target)
 
     def letters() -> list[dict[bytes, bytes]]:
-        return [f for _, f in admin.xrange(KEYS.dlq) if f[b"source"] == acme.stream.encode()]
+        rows = admin.xrange(KEYS.tenant_dlq("acme"))  # the tenant's own unit
+        return [f for _, f in rows if f[b"source"] == acme.stream.encode()]
 
     until(lambda: len(letters()) == 2 * len(targets), "the requests dead-lettered", 30)
     assert all(b"reply_to must be a key under" in f[b"reason"] for f in letters())
@@ -253,7 +254,9 @@ def test_a_maximal_id_on_a_tenants_own_stream_stops_only_that_tenant_and_repair_
     assert acme.tool("s1", "rm") == "Block"
     assert acme.tool("s1", "ls") == "Continue"
     assert "repair" in operator(bus.acl, "audit", "list")
-    letters = [f for _, f in admin.xrange(KEYS.dlq) if f.get(b"entry_id") == MAX_ID.encode()]
+    letters = [
+        f for _, f in admin.xrange(KEYS.tenant_dlq("acme")) if f.get(b"entry_id") == MAX_ID.encode()
+    ]
     repaired = [f for f in letters if f[b"reason"].startswith(b"repair: its id")]
     assert len(repaired) == 1 and repaired[0][b"data"] == b"x"
 
@@ -448,3 +451,128 @@ def test_a_lone_surrogate_in_a_tenants_context_is_refused_not_left_unanswered(bu
     assert reply["result"]["action"]["type"] == "Block", reply
     assert "lone UTF-16 surrogate" in reply["result"]["action"]["reason"], reply
     assert reply["result"]["blocking_errors"][0]["hook_name"] == "HookBus", reply
+
+
+# -- dead letters (issue 31 items 1, 2, 5; key layout 3) -------------------------------------------
+
+
+def junk_letters(admin: redis.Redis, tenant: str) -> list[dict[bytes, bytes]]:
+    return [f for _, f in admin.xrange(KEYS.tenant_dlq(tenant))]
+
+
+def test_a_hook_credential_erases_or_blocks_no_dead_letter_but_its_own(
+    bus: Bus, attacker: Any
+) -> None:
+    """hook-Guard's MAXLEN 0 and maximal id on ``{p}:dlq`` (which erased 30 letters and blocked
+    every later one) are refused; on its own stream they harm only its own unit: another
+    tenant's refusals are still recorded, every one."""
+    admin = bus.acl.admin
+    for i in range(30):
+        admin.xadd(KEYS.dlq, {"source": "x", "reason": f"kept {i}", "data": ""})
+    guard: Attacker = attacker("hook-Guard")
+    guard.refused("XADD", KEYS.dlq, "MAXLEN", "0", "*", "source", "x")
+    guard.refused("XADD", KEYS.dlq, MAX_ID, "source", "x")
+    guard.refused("XADD", KEYS.tenant_dlq("beta"), MAX_ID, "source", "x")
+    assert admin.xlen(KEYS.dlq) == 30
+    # Its own unit: it may, and only it suffers.
+    own = KEYS.hook_dlq("Guard")
+    guard.redis.execute_command("XADD", own, "MAXLEN", "0", "*", "source", "x")
+    guard.redis.execute_command("XADD", own, MAX_ID, "source", "x")
+    for i in range(10):
+        bus.acme.send({"junk": i}, KEYS.tenant_inbox("beta", "c1"))  # refused: dead-lettered
+    until(lambda: len(junk_letters(admin, "acme")) == 10, "acme's 10 refusals recorded", 30)
+    assert admin.xlen(KEYS.dlq) == 30 and "could not dead-letter" not in bus.coordinator_log()
+    bus.acl.admin.acl_log_reset()  # (those refusals were the point)
+
+
+def test_a_forged_dead_letter_is_never_replayed_into_another_hooks_audit_log(
+    bus: Bus, attacker: Any
+) -> None:
+    """Issue 31 item 2: Rogue's credential forges a letter that looks like the audit log
+    hook's own (a victim's ``rm -rf /srv/data`` that never happened). It cannot write the audit
+    log hook's stream; what it writes in its own is never re-fed to the audit log hook, and the
+    replay shows what it will re-feed (only the hook's own letter) before it does."""
+    admin = bus.acl.admin
+    name = "AsyncAuditLogHook"
+    admin.set(KEYS.manifest(name), encode(HookManifest(name=name, kind="async")))
+    admin.sadd(KEYS.hooks, name, "Rogue")
+    ctx = PreToolUseContext(session_id="beta/victim", tool_name="Bash",
+                            tool_args={"command": "rm -rf /srv/data"})  # fmt: skip
+    forged = {"source": KEYS.event_partitions[0], "reason": "failed 5 deliveries", "hook": name,
+              "entry_id": "1-0", "deliveries": "5", "data": json.dumps(
+                  {"v": 3, "id": new_id(), "ts": now_ms(), "event": "PreToolUse",
+                   "context": msgspec.to_builtins(ctx)})}  # fmt: skip
+    rogue: Attacker = attacker("hook-Rogue")
+    rogue.refused("XADD", KEYS.hook_dlq(name), "*", *[x for kv in forged.items() for x in kv])
+    rogue.refused("XADD", KEYS.dlq, "*", *[x for kv in forged.items() for x in kv])
+    rogue.redis.xadd(KEYS.hook_dlq("Rogue"), forged)  # its own unit: allowed, never replayed
+    genuine = {**forged, "data": '{"genuine": true}'}
+    attacker(f"hook-{name}").redis.xadd(KEYS.hook_dlq(name), genuine)
+    asked = hookbus(bus.acl, "operator", "replay", name, "--dlq")
+    assert asked.returncode == 2 and "--yes" in asked.stderr  # not on a terminal: not without
+    assert f"1 dead letter of {name}'s own stream {KEYS.hook_dlq(name)}" in asked.stdout
+    assert '{"genuine": true}' in asked.stdout and admin.xlen(KEYS.replay(name)) == 0
+    out = operator(bus.acl, "replay", name, "--dlq", "--yes")
+    assert f"re-fed 1 dead letter to {name}" in out
+    refed = [f[b"data"] for _, f in admin.xrange(KEYS.replay(name))]
+    assert refed == [b'{"genuine": true}']
+    assert admin.xlen(KEYS.hook_dlq("Rogue")) == 1  # still there, and shown as Rogue's
+    listed = operator(bus.acl, "dlq", "list")
+    assert "hook Rogue" in listed
+    bus.acl.admin.acl_log_reset()  # (those refusals were the point)
+
+
+def test_a_tenants_junk_fills_only_its_own_dead_letters_and_the_cut_is_counted(bus: Bus) -> None:
+    """Issue 31 item 5: a tenant's flood of junk requests went past the shared cap and rolled
+    every other tenant's dead letters out, unreported. Now it fills only its own unit; what the
+    cap cut is counted exactly and reported by ``dlq list`` and ``lag``."""
+    from bus.transport.keys import DLQ_MAXLEN
+
+    admin, acme, beta = bus.acl.admin, bus.acme, bus.beta
+    beta.send({"junk": "beta's own"}, KEYS.tenant_inbox("acme", "c1"))  # a refusal of beta's
+    until(lambda: len(junk_letters(admin, "beta")) == 1, "beta's refusal recorded", 30)
+    flood = DLQ_MAXLEN + 1_000
+    for start in range(0, flood, 1000):
+        with acme.redis.pipeline(transaction=False) as pipe:
+            for i in range(start, start + 1000):
+                pipe.xadd(acme.stream, {"data": f"junk {i}"})
+            pipe.execute()
+
+    def added() -> int:
+        return int(admin.xinfo_stream(KEYS.tenant_dlq("acme"))["entries-added"])
+
+    until(lambda: added() == flood, f"acme's {flood} junk requests dead-lettered", 120)
+    assert junk_letters(admin, "beta")[0][b"data"] == b'{"junk":"beta\'s own"}'
+    length = admin.xlen(KEYS.tenant_dlq("acme"))
+    assert DLQ_MAXLEN <= length < flood  # the cap bounds acme's unit (MAXLEN ~: whole nodes)
+    cut = flood - length
+    line = f"CUT {cut}: tenant acme's dead letters ({KEYS.tenant_dlq('acme')}) cut by its cap"
+    assert line in operator(bus.acl, "dlq", "list")
+    assert line in operator(bus.acl, "lag")
+    assert "tenant beta's" not in operator(bus.acl, "dlq", "list")
+    # And the coordinator service, which writes acme's unit, logs it (once it grew: one line).
+    said = f"dead letters of {KEYS.tenant_dlq('acme')} cut by its cap (MAXLEN ~{DLQ_MAXLEN})"
+
+    def logged() -> bool:  # (a look during the flood may have logged part of it first)
+        return any(said in x and f", {cut} in all" in x for x in bus.coordinator_log().split("\n"))
+
+    until(logged, "the whole cut logged by the service", 60)
+
+
+def test_a_1mb_refused_request_leaves_a_bounded_letter_with_its_size_and_digest(bus: Bus) -> None:
+    """120 refused 1 MB requests made the shared DLQ 126 MB: a letter kept each whole. Now it
+    keeps a 4 KiB prefix, the size and the SHA-256; such a letter is never replayed."""
+    import hashlib
+
+    from bus.transport.keys import DLQ_DATA_BYTES
+
+    admin, acme = bus.acl.admin, bus.acme
+    body = b"[" * 1_000_000
+    acme.redis.xadd(acme.stream, {"data": body})
+    until(lambda: len(junk_letters(admin, "acme")) == 1, "the 1 MB request dead-lettered", 60)
+    (letter,) = junk_letters(admin, "acme")
+    assert letter[b"data"] == body[:DLQ_DATA_BYTES] and letter[b"cut"] == b"1"
+    assert letter[b"size"] == b"1000000"
+    assert letter[b"sha256"] == hashlib.sha256(body).hexdigest().encode()
+    assert sum(len(k) + len(v) for k, v in letter.items()) < 8 * 1024
+    assert admin.memory_usage(KEYS.tenant_dlq("acme")) < 64 * 1024

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bus.errors import ConfigError
@@ -26,6 +25,14 @@ from workers.cli.common import (
     settings_of,
     with_redis,
 )
+from workers.cli.dead_letters import (
+    _dlq_list,
+    _dlq_purge,
+    _dlq_replay,
+    _dlq_show,
+    _partitions,
+    _replay_dead_letters,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -36,8 +43,10 @@ if TYPE_CHECKING:
 def _replay(args: argparse.Namespace) -> int:
     from bus.transport.keys import Keys
     from bus.transport.redis_io import connect
-    from workers.ops.replay import check_replayable, replay_dead_letters, replay_range
+    from workers.ops.replay import check_replayable, replay_range
 
+    if args.dlq:
+        return _replay_dead_letters(args, args.hook)
     settings = settings_of(args)
     announce_redis(args, settings)
 
@@ -46,15 +55,12 @@ def _replay(args: argparse.Namespace) -> int:
         try:
             keys = Keys.of(settings)
             await check_replayable(redis, keys, args.hook)
-            if args.dlq:
-                return await replay_dead_letters(redis, keys, args.hook)
             return await replay_range(redis, keys, args.hook, args.start, args.end)
         finally:
             await redis.aclose()
 
     count = asyncio.run(replay())
-    source = "dead letters" if args.dlq else "events"
-    print(f"re-fed {count} {source} to {args.hook}")
+    print(f"re-fed {count} events to {args.hook}")
     return 0
 
 
@@ -70,12 +76,15 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _hooks_list(args: argparse.Namespace) -> int:
-    from workers.ops.hooks import list_hooks
+    from workers.ops.hooks import bus_partitions, list_hooks, partitions_note
     from workers.ops.render import make_console, render_hooks
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await list_hooks(redis, keys, settings.liveness_secs)
-        make_console().print(render_hooks(rows, keys, settings.liveness_secs))
+        partitions = await bus_partitions(redis, keys)
+        console = make_console()
+        console.print(render_hooks(rows, keys, settings.liveness_secs, partitions))
+        console.print(partitions_note(keys, partitions))
 
     with_redis(args, work, reads_only=True)
     return 0
@@ -173,15 +182,21 @@ def _breakglass(args: argparse.Namespace) -> int:
 
 
 def _lag(args: argparse.Namespace) -> int:
+    from workers.ops.dead_letters import cut_dead_letters
+    from workers.ops.hooks import bus_partitions, partitions_note
     from workers.ops.lag import consumer_lag
-    from workers.ops.render import make_console, render_lag
+    from workers.ops.render import make_console, render_dlq_cuts, render_lag
 
     async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         rows = await consumer_lag(
             redis, keys, settings.events_maxlen, settings.requests_maxlen,
             audit_maxlen=settings.audit_maxlen,
         )  # fmt: skip
-        make_console().print(render_lag(rows))
+        console = make_console()
+        console.print(render_lag(rows))
+        console.print(partitions_note(keys, await bus_partitions(redis, keys)))
+        for line in render_dlq_cuts(await cut_dead_letters(redis, keys)):
+            console.print(line)
 
     with_redis(args, work, reads_only=True)
     return 0
@@ -225,23 +240,6 @@ def _events_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dlq_list(args: argparse.Namespace) -> int:
-    from bus.transport.keys import check_name
-    from workers.ops.dead_letters import list_dead_letters
-    from workers.ops.render import make_console, render_dead_letters
-
-    hook = check_name("hook name", args.hook) if args.hook else None
-    if args.limit <= 0:
-        raise UsageError("--limit must be a positive number of entries")
-
-    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> None:
-        letters, more = await list_dead_letters(redis, keys, hook, args.limit)
-        make_console().print(render_dead_letters(letters, more, keys, hook))
-
-    with_redis(args, work, reads_only=True)
-    return 0
-
-
 def _audit_list(args: argparse.Namespace) -> int:
     from workers.ops.records import list_audit
     from workers.ops.render import make_console, render_audit
@@ -254,114 +252,6 @@ def _audit_list(args: argparse.Namespace) -> int:
         make_console().print(render_audit(records, broken, keys))
 
     with_redis(args, work, reads_only=True)
-    return 0
-
-
-def _dlq_show(args: argparse.Namespace) -> int:
-    from workers.ops.dead_letters import check_stream_id, get_dead_letter
-    from workers.ops.render import make_console, render_dead_letter
-
-    entry_id = check_stream_id(args.id)
-
-    async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
-        letter = await get_dead_letter(redis, keys, entry_id)
-        if letter is None:
-            print(f"hookbus: no dead letter {entry_id} in {keys.dlq}", file=sys.stderr)
-            return 1
-        make_console().print(render_dead_letter(letter))
-        return 0
-
-    return with_redis(args, work, reads_only=True)
-
-
-def _with_progress(
-    total: int, what: str, run: Callable[[Callable[[int], None] | None], int]
-) -> int:
-    """``run(progress)``, with a progress bar on stderr when there are many entries."""
-    from rich.progress import Progress
-
-    from workers.ops.common import MANY
-    from workers.ops.render import make_console
-
-    if total < MANY:
-        return run(None)
-    with Progress(console=make_console(stderr=True), transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        return run(lambda n: bar.advance(task, n))
-
-
-def _dlq_replay(args: argparse.Namespace) -> int:
-    from bus.transport.keys import check_name
-    from workers.ops.dead_letters import count_dead_letters
-    from workers.ops.hooks import list_hooks
-    from workers.ops.replay import check_replayable, replay_dead_letters
-
-    hook = check_name("hook name", args.hook)
-
-    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, int, str]:
-        await check_replayable(redis, keys, hook)
-        total, _ = await count_dead_letters(redis, keys, hook)
-        rows = [r for r in await list_hooks(redis, keys, settings.liveness_secs) if r.name == hook]
-        return total, rows[0].live if rows else 0, keys.replay(hook)
-
-    total, live, replay_stream = with_redis(args, count, reads_only=True)
-    if total == 0:
-        print(f"no dead letters of {hook}: nothing re-fed")
-        return 0
-
-    def run(progress: Callable[[int], None] | None) -> int:
-        async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
-            return await replay_dead_letters(redis, keys, hook, progress)
-
-        return with_redis(args, work)
-
-    done = _with_progress(total, f"re-feeding {hook}", run)
-    print(f"re-fed {_entries(done)} to {hook}")
-    if not live:
-        print(f"note: {hook} has no live replica; they wait in {replay_stream} until one starts")
-    return 0
-
-
-def _dlq_purge(args: argparse.Namespace) -> int:
-    from bus.transport.keys import check_name
-    from workers.ops.dead_letters import count_dead_letters, purge_dead_letters
-
-    hook = check_name("hook name", args.hook) if args.hook else None
-    whose = f" of {hook}" if hook else ""
-
-    async def count(redis: Redis, keys: Keys, settings: BusSettings) -> tuple[int, str | None]:
-        return await count_dead_letters(redis, keys, hook)
-
-    total, newest = with_redis(args, count, reads_only=True)
-    if total == 0 or newest is None:
-        print(f"no dead letters{whose}: nothing to delete")
-        return 0
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(
-                f"hookbus: not deleting {_entries(total)}{whose} without confirmation; "
-                "stdin is not a terminal, so pass --yes",
-                file=sys.stderr,
-            )
-            return 2
-        from rich.prompt import Confirm
-
-        try:
-            sure = Confirm.ask(f"delete {_entries(total)}{whose}?", default=False)
-        except EOFError:
-            sure = False
-        if not sure:
-            print("nothing deleted")
-            return 0
-
-    def run(progress: Callable[[int], None] | None) -> int:
-        async def work(redis: Redis, keys: Keys, settings: BusSettings) -> int:
-            return await purge_dead_letters(redis, keys, hook, newest, progress)
-
-        return with_redis(args, work)
-
-    done = _with_progress(total, "deleting", run)
-    print(f"deleted {_entries(done)}{whose}")
     return 0
 
 
@@ -435,16 +325,15 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
-def _entries(n: int) -> str:
-    return f"{n} dead letter" + ("" if n == 1 else "s")
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = add_redis_options(sub.add_parser("replay", help="re-feed events to one async hook"))
     replay.add_argument("hook", help="the async hook's name")
     replay.add_argument("--from", dest="start", default="-", help="first event (id or time)")
     replay.add_argument("--to", dest="end", default="+", help="last event (id or time)")
-    replay.add_argument("--dlq", action="store_true", help="re-feed the hook's dead letters")
+    replay.add_argument(
+        "--dlq", action="store_true", help="re-feed the hook's own dead letters (shown first)"
+    )
+    replay.add_argument("--yes", action="store_true", help="with --dlq: do not ask")
     replay.set_defaults(func=_replay)
 
     cancel = add_redis_options(sub.add_parser("cancel", help="cancel a session wherever it runs"))
@@ -509,6 +398,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     lag.set_defaults(func=_lag)
 
+    parts = add_redis_options(
+        sub.add_parser(
+            "partitions",
+            help="the bus's partition count ({p}:config); with N --force, set it (every "
+            "process of the bus stopped)",
+        )
+    )
+    parts.add_argument("count", nargs="?", type=int, metavar="N", help="the new count")
+    parts.add_argument("--force", action="store_true", help="set it although it is written")
+    parts.set_defaults(func=_partitions)
+
     events = sub.add_parser("events", help="the lifecycle events stream")
     events_sub = events.add_subparsers(dest="action", required=True, metavar="ACTION")
     tail = add_redis_options(events_sub.add_parser("tail", help="print new events as they arrive"))
@@ -527,7 +427,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     audit_list.add_argument("--limit", type=int, default=50, metavar="N", help="at most N (50)")
     audit_list.set_defaults(func=_audit_list)
 
-    dlq = sub.add_parser("dlq", help="the dead-letter stream")
+    dlq = sub.add_parser(
+        "dlq", help="the dead letters of every unit (hooks, tenants, coordinators)"
+    )
     dlq_sub = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
     dlq_list = add_redis_options(dlq_sub.add_parser("list", help="the newest dead letters"))
     dlq_list.add_argument("--hook", metavar="H", help="only the dead letters of this hook")
@@ -540,6 +442,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         dlq_sub.add_parser("replay", help="re-feed an async hook's dead letters to it")
     )
     dlq_replay.add_argument("hook", metavar="HOOK", help="the async hook's name")
+    dlq_replay.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     dlq_replay.set_defaults(func=_dlq_replay)
     dlq_purge = add_redis_options(dlq_sub.add_parser("purge", help="delete dead letters"))
     dlq_purge.add_argument("--hook", metavar="H", help="only the dead letters of this hook")

@@ -15,10 +15,11 @@ connection: the way to rotate a password without a restart (docs/security.md). T
   (an autoscaler: reads the lag of groups, nothing else) and ``admin`` (Redis's administrator:
   no HookBus process uses it);
 * one user ``hook-NAME`` per hook service, whose keys are only the hook's own
-  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 2 of
+  (``{p}:hook:{NAME}:*`` and its shards' ``{p}:hook:{NAME#k.j}:*``, key layout 3 of
   bus/transport/keys.py), plus what every hook needs to answer (RPUSH into ``{p}:inbox:*``),
-  register (SADD its name to ``{p}:hooks``), dead-letter (XADD ``{p}:dlq``) and announce itself on
-  ``{p}:control``;
+  register (SADD its name to ``{p}:hooks``), dead-letter (XADD to its own
+  ``{p}:hook:{NAME}:dlq`` only: no other unit's), read the bus's partition count (HGET
+  ``{p}:config``, HSETNX if it is the first process) and announce itself on ``{p}:control``;
 * one user ``tenant-NAME`` per untrusted tenant: XADD to ``{p}:t:{NAME}:decisions`` and
   BLPOP/BLMPOP its replies from ``{p}:t:{NAME}:inbox:*``, PING — nothing else (no pub/sub, no
   session or cancellation key, no stream id but into its own stream).
@@ -66,7 +67,9 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "applied), pops replies from its own inbox, reads the break-glass switch; answers the "
         "decisions partitions and every tenant's decisions stream as the `coordinators` group "
         "(takes over those a silent replica left; replies RPUSHed to the asker's inbox; unusable "
-        "requests dead-lettered); beats in hookbus:coordinators; at shutdown hands what it has "
+        "requests dead-lettered: a tenant's in hookbus:t:{T}:dlq, trusted ones in hookbus:dlq); "
+        "reads the partition count (hookbus:config, HSETNX if the first); beats in "
+        "hookbus:coordinators; at shutdown hands what it has "
         "not answered over (XPENDING, XCLAIM … IDLE) and deletes its consumer; adds a tenant's "
         "cancellation of its own session (SADD, never removes). --check: ZRANGE "
         "hookbus:coordinators.",
@@ -74,8 +77,10 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "+unsubscribe %R~hookbus:hooks %R~hookbus:tenants %R~hookbus:hook:*:manifest "
         "%R~hookbus:modes %R~hookbus:hook:*:replicas %R~hookbus:hook:*:clocks "
         "%R~hookbus:session:*:hooks %R~hookbus:breakglass +hgetall +zcount +zrange +smembers "
-        "+get (%W~hookbus:events:* %W~hookbus:hook:*:requests %W~hookbus:dlq %W~hookbus:audit "
-        "+xadd) (~hookbus:decisions:* ~hookbus:t:*:decisions +xgroup|create +xgroup|delconsumer "
+        "+get (%W~hookbus:events:* %W~hookbus:hook:*:requests %W~hookbus:dlq %W~hookbus:t:*:dlq "
+        "%W~hookbus:audit +xadd) (~hookbus:config +hget +hsetnx) "
+        "(%R~hookbus:dlq %R~hookbus:t:*:dlq %R~hookbus:dlq:purged +xinfo|stream +hmget) "
+        "(~hookbus:decisions:* ~hookbus:t:*:decisions +xgroup|create +xgroup|delconsumer "
         "+xreadgroup +xack +xclaim +xautoclaim +xpending) (~hookbus:coordinators +zadd +zrem "
         "+zrange) (~hookbus:inbox:* +blmpop +rpush +pexpire) "
         "(%W~hookbus:t:*:inbox:* +rpush +pexpire) (~hookbus:cancelled:* +sadd +expire)",
@@ -92,7 +97,8 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "+unsubscribe +publish %R~hookbus:hooks %R~hookbus:hook:*:manifest %R~hookbus:modes "
         "%R~hookbus:hook:*:replicas %R~hookbus:hook:*:clocks %R~hookbus:breakglass +hgetall "
         "+smembers +zcount +zrange +get (%W~hookbus:events:* %W~hookbus:hook:*:requests "
-        "%W~hookbus:decisions:* %W~hookbus:audit +xadd) (~hookbus:inbox:* +blmpop +blpop +pexpire) "
+        "%W~hookbus:decisions:* %W~hookbus:audit +xadd) (%W~hookbus:dlq +xadd) "
+        "(~hookbus:config +hget +hsetnx) (~hookbus:inbox:* +blmpop +blpop +pexpire) "
         "(~hookbus:session:*:hooks +smembers +sadd +srem +del +expire) "
         "(%W~hookbus:cancelled:* +sadd)",
     ),
@@ -113,13 +119,16 @@ ROLES: tuple[tuple[str, str, str], ...] = (
         "on resetchannels -@all +ping +time +multi +exec +discard +unwatch "
         "%R~hookbus:* +hgetall +hget +hexists +smembers +sismember +get +zrange +xrange "
         "+xrevrange +xread +xlen +xpending +xinfo|groups +xinfo|consumers +xinfo|stream "
-        "(~hookbus:dlq +xdel) (~hookbus:hook:*:manifest +set +del) "
+        "(~hookbus:dlq ~hookbus:hook:*:dlq ~hookbus:t:*:dlq +xdel) (~hookbus:dlq:purged +hincrby) "
+        "(~hookbus:config +hsetnx +hset) (~hookbus:hook:*:manifest +set +del) "
         "(~hookbus:events:* +xgroup|destroy) "
-        "(%W~hookbus:dlq %W~hookbus:hook:*:replay %W~hookbus:audit +xadd) "
+        "(%W~hookbus:dlq %W~hookbus:hook:*:dlq %W~hookbus:t:*:dlq %W~hookbus:hook:*:replay "
+        "%W~hookbus:audit +xadd) "
         "(~hookbus:breakglass +get +set +del) (~hookbus:cancelled:* +sadd +expire +del) "
         "(~hookbus:modes +hset +hdel) (~hookbus:tenants +sadd +srem) "
         "(~hookbus:events:* ~hookbus:decisions:* ~hookbus:t:*:decisions "
-        "~hookbus:hook:*:requests ~hookbus:hook:*:replay ~hookbus:dlq ~hookbus:audit +watch +xack "
+        "~hookbus:hook:*:requests ~hookbus:hook:*:replay ~hookbus:dlq ~hookbus:hook:*:dlq "
+        "~hookbus:t:*:dlq ~hookbus:audit +watch +xack "
         "+xdel +xsetid +xgroup|setid) (&hookbus:control +publish)",
     ),
     (
@@ -237,7 +246,9 @@ def hook_rules(hook: HookUser) -> str:
         root,
         "(~hookbus:hooks +sadd +sismember)",
         f"({own} {_OWN})",
-        "(%W~hookbus:dlq +xadd)",
+        f"(%W~hookbus:hook:{{{hook.name}}}:dlq +xadd)",
+        "(~hookbus:config +hget +hsetnx)",
+        "(%R~hookbus:dlq:purged +hmget)",
         # RPUSH only: an inbox's TTL is its owner's (PEXPIRE 0 would delete other hooks'
         # replies waiting in it)
         "(%W~hookbus:inbox:* +rpush)",
@@ -262,7 +273,8 @@ def _hook_comment(hook: HookUser) -> str:
     what = (
         f"Hook service {hook.name} ({hook.kind}): only its own keys (hookbus:hook:{{{hook.name}}}:*"
         f" and its shards'), SADD its name to hookbus:hooks, replies RPUSHed into "
-        "hookbus:inbox:*, dead letters, announcements on hookbus:control."
+        f"hookbus:inbox:*, its own dead letters (hookbus:hook:{{{hook.name}}}:dlq), "
+        "the partition count (hookbus:config), announcements on hookbus:control."
     )
     if hook.kind == "async":
         what += (
@@ -369,7 +381,7 @@ def render(
 def explain(hooks: Sequence[HookUser], tenants: Sequence[str], prefix: str = P) -> str:
     """What each user of ``render`` is for, as comments (for people: not a file Redis loads)."""
     lines = [
-        "# Redis ACL users of a HookBus deployment (key layout 2, bus/transport/keys.py); who "
+        "# Redis ACL users of a HookBus deployment (key layout 3, bus/transport/keys.py); who "
         "holds which",
         "# credential, and what it can and cannot do: docs/security.md.",
     ]

@@ -51,6 +51,7 @@ class HookRow:
     mode: str = ""  # the mode coordinators apply: the operator's override, else the manifest's
     mode_set_by_operator: bool = False  # `hookbus hooks mode` set it ({p}:modes)
     stopped_secs: float | None = None  # seconds since a replica last stopped cleanly
+    shards: int = 1  # a sync hook's request streams (its manifest's ``shards``)
 
     @property
     def stopped(self) -> bool:
@@ -129,9 +130,28 @@ async def list_hooks(
                 mode_set_by_operator=by_operator,
                 stopped_secs=stopped,
                 **lanes,
+                shards=max(1, manifest.shards),
             )
         )
     return rows
+
+
+async def bus_partitions(redis: Redis, keys: Keys) -> int | None:
+    """The bus's partition count (``{p}:config`` ``partitions``), None if not written yet."""
+    value: Any = await redis.hget(keys.config, "partitions")  # type: ignore[misc]
+    return int(value) if value is not None and _text(value).isdigit() else None
+
+
+def partitions_note(keys: Keys, bus: int | None) -> str:
+    """One line: the bus's partition count, and a warning if this command's differs."""
+    if bus is None:
+        return f"partitions: {keys.partitions} (not yet in {keys.config}: no process started)"
+    if bus != keys.partitions:
+        return (
+            f"WARNING: the bus has {bus} partitions ({keys.config}) but this command was given "
+            f"HOOKBUS_PARTITIONS={keys.partitions}: set it to {bus} to see every partition"
+        )
+    return f"partitions: {bus} ({keys.config})"
 
 
 @dataclass(frozen=True)

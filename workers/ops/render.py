@@ -12,9 +12,9 @@ from rich.text import Text
 
 from bus import limits
 from bus.protocol import AuditRecord
-from bus.transport.keys import Keys
+from bus.transport.keys import DLQ_MAXLEN, Keys
 from workers.ops.common import _ago
-from workers.ops.dead_letters import DeadLetter
+from workers.ops.dead_letters import Cut, DeadLetter
 from workers.ops.events import TailedEvent
 from workers.ops.hooks import HookRow
 from workers.ops.lag import GroupLag
@@ -60,13 +60,22 @@ def _row(table: Table, *cells: object, style: str = "") -> None:
     table.add_row(*(Text(str(c)) for c in cells), style=style or None)
 
 
-def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> RenderableType:
+def _streams(r: HookRow, partitions: int) -> str:
+    """What a hook reads: a sync hook its shards, an async hook every partition."""
+    if r.kind == "sync":
+        return f"{r.shards} shard" + ("s" if r.shards != 1 else "")
+    return f"{partitions} partition" + ("s" if partitions != 1 else "")
+
+
+def render_hooks(
+    rows: list[HookRow], keys: Keys, liveness_secs: float, partitions: int | None = None
+) -> RenderableType:
     if not rows:
         return Text(f"no hooks registered in {keys.hooks}")
     title = f"hooks in {keys.hooks} (live: heartbeat within {liveness_secs:g}s)"
     table = _table(
         title, "hook", "kind", "mode", "events", "match", "policy", "priority", "timeout",
-        "live", "last beat",
+        "live", "last beat", "streams",
     )  # fmt: skip
     if any(r.problem for r in rows):
         table.add_column("problem", overflow="fold")
@@ -80,7 +89,7 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
             lanes = f"{r.live_lanes} of {r.lanes}" if r.lanes != r.live_lanes else str(r.lanes)
             live += f" ({lanes} lanes)"
         if r.problem:
-            cells = (r.name, r.kind, "-", "-", "-", "-", "-", "-", live, last, r.problem)
+            cells = (r.name, r.kind, "-", "-", "-", "-", "-", "-", live, last, "-", r.problem)
             _row(table, *cells, style="red")
             continue
         match = [f"tool {p}" for p in r.tool_names] + [f"content {p}" for p in r.tool_content]
@@ -95,8 +104,9 @@ def render_hooks(rows: list[HookRow], keys: Keys, liveness_secs: float) -> Rende
             "default" if r.timeout is None else f"{r.timeout:g}s",
             live,
             last,
+            _streams(r, partitions if partitions is not None else keys.partitions),
         ]
-        if len(table.columns) > 10:
+        if len(table.columns) > 11:
             cells.append("")
         _row(table, *cells, style="" if r.live else "yellow")
     return table
@@ -147,21 +157,39 @@ def render_event(event: TailedEvent, width: int = 100) -> Text:
     return line
 
 
+def render_dlq_cuts(cuts: list[Cut]) -> list[Text]:
+    """One red line per unit whose dead-letter cap cut letters."""
+    return [
+        Text(
+            f"CUT {c.count}: {c.unit}'s dead letters ({c.stream}) cut by its cap of "
+            f"~{DLQ_MAXLEN} (oldest first); see docs/reliability.md",
+            style="bold red",
+        )
+        for c in cuts
+    ]
+
+
 def render_dead_letters(
-    letters: list[DeadLetter], more: bool, keys: Keys, hook: str | None
+    letters: list[DeadLetter],
+    more: bool,
+    keys: Keys,
+    hook: str | None,
+    cuts: list[Cut] | None = None,
 ) -> RenderableType:
     whose = f" of {hook}" if hook else ""
+    where = keys.hook_dlq(hook) if hook else "every unit's dead-letter stream"
+    lines = render_dlq_cuts(cuts or [])
     if not letters:
-        return Text(f"no dead letters{whose} in {keys.dlq}")
-    table = _table(f"dead letters{whose} in {keys.dlq}", "id", "time", "hook/source")
+        return Group(Text(f"no dead letters{whose} in {where}"), *lines)
+    table = _table(f"dead letters{whose} ({where})", "id", "time", "unit", "hook/source")
     table.add_column("deliveries", justify="right")
     table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=80)
     for d in letters:
-        _row(table, d.id, _clock(d.ts), d.hook or d.source, d.deliveries or "-", d.reason)
-    if not more:
-        return table
-    note = Text(f"showing the {len(letters)} newest; raise --limit to see more")
-    return Group(table, note)
+        source = d.hook or d.source
+        _row(table, d.id, _clock(d.ts), d.unit, source, d.deliveries or "-", d.reason)
+    if more:
+        lines.append(Text(f"showing the {len(letters)} newest; raise --limit to see more"))
+    return Group(table, *lines) if lines else table
 
 
 def render_audit(records: list[AuditRecord], broken: int, keys: Keys) -> RenderableType:
@@ -193,6 +221,8 @@ def render_dead_letter(letter: DeadLetter) -> RenderableType:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     table.add_row("id", Text(letter.id))
+    if letter.unit:
+        table.add_row("unit", Text(f"{letter.unit} ({letter.stream})"))
     table.add_row("time", Text(_clock(letter.ts)))
     for name, value in letter.fields.items():
         if name != "data":

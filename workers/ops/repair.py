@@ -14,7 +14,7 @@ from bus.errors import HookBusError, InvalidInputError
 from bus.protocol import DATA_FIELD
 from bus.transport.clock import redis_ms
 from bus.transport.keys import Keys
-from bus.transport.redis_io import dead_letter_entry
+from bus.transport.redis_io import dead_letter_entry, xadd_dead_letter
 from workers.ops.common import CHUNK, _text
 from workers.ops.tenants import _record
 
@@ -40,8 +40,9 @@ def repairable(keys: Keys, stream: str) -> bool:
     p = re.escape(keys.prefix)
     fixed = {*keys.event_partitions, *keys.decision_partitions, keys.dlq, keys.audit}
     patterns = (
-        rf"{p}:t:\{{[A-Za-z0-9_\-]{{1,64}}\}}:decisions",
-        rf"{p}:hook:\{{[A-Za-z0-9_.\-]{{1,128}}(#\d+)?\}}:(requests|replay)",
+        rf"{p}:t:\{{[A-Za-z0-9_\-]{{1,64}}\}}:(decisions|dlq)",
+        rf"{p}:hook:\{{[A-Za-z0-9_.\-]{{1,128}}(#\d+\.\d+)?\}}:(requests|replay)",
+        rf"{p}:hook:\{{[A-Za-z0-9_.\-]{{1,128}}\}}:dlq",
     )
     return stream in fixed or any(re.fullmatch(x, stream) for x in patterns)
 
@@ -120,7 +121,7 @@ async def repair_stream(
             new_last = max(known)
             beyond = [(g, d) for g, d in positions.items() if _id(d) > new_last]
             fresh = [(i, f) for i, f in future if i not in lettered]
-            if stream == keys.dlq:
+            if keys.dlq_of(stream) == stream:  # a dead-letter stream: its own letters, after
                 later += fresh
             else:
                 await _dead_letter_all(redis, keys, stream, fresh, now)
@@ -165,7 +166,7 @@ async def _dead_letter_all(
         async with redis.pipeline(transaction=False) as pipe:
             for entry_id, fields in entries[start : start + CHUNK]:
                 letter = _repair_letter(stream, entry_id, fields, now)
-                pipe.xadd(keys.dlq, letter, maxlen=100_000, approximate=True)
+                xadd_dead_letter(pipe, keys.dlq_of(stream), letter)
             await pipe.execute()
 
 

@@ -17,8 +17,9 @@
   a stream's hard cap cut before the group read it; a pending entry the cap cut (XAUTOCLAIM's
   deleted ids) becomes a dead letter, "trimmed before it was handled". Every replica runs the
   retention pass on the streams it reads.
-* Dead letters: a malformed entry goes to ``{p}:dlq`` at once; an entry delivered more than
-  ``max_deliveries`` times goes there with the hook, the last failure and the delivery count.
+* Dead letters (the hook's own ``{p}:hook:{NAME}:dlq``): a malformed entry goes there at once;
+  an entry delivered more than ``max_deliveries`` times goes there with the hook, the last
+  failure and the delivery count.
 * A lost stream or group (NOGROUP) is recreated and logged. Stopping finishes the batch in hand,
   acknowledges it, and leaves the rest pending for the other replicas.
 
@@ -67,16 +68,20 @@ from bus.settings import BusSettings, HookSettings
 from bus.telemetry import tracing as telemetry
 from bus.transport.clock import START_SAMPLES, RedisClock
 from bus.transport.directory import write_manifest
-from bus.transport.keys import Keys, check_name
+from bus.transport.keys import DLQ_MAXLEN, Keys, check_name
 from bus.transport.redis_io import (
     UNREACHABLE,
+    CutWatch,
     Entry,
+    check_partitions,
     connect,
     current_manifest,
     dead_letter_entry,
     group_lost,
+    partitions_changed,
     pipelined,
     retire_replica,
+    xadd_dead_letter,
 )
 from bus.transport.retention import Gap, Retention, group_backlogs
 from workers.services.probes import Health
@@ -124,6 +129,9 @@ class AsyncHookWorker:
         # The events (every partition), the hook's own replay stream, and the audit trail if it
         # follows it (the side streams).
         self.events = self.keys.event_partitions
+        #: This hook's own dead letters (its user may write no other unit's).
+        self.dlq = self.keys.hook_dlq(self.group)
+        self.cuts = CutWatch()
         self.sides: tuple[str, ...] = (self.keys.replay(self.group),)
         if hook.follows_audit_trail:
             self.sides += (self.keys.audit,)
@@ -183,6 +191,8 @@ class AsyncHookWorker:
     # -- registration ------------------------------------------------------------------------
 
     async def register(self) -> None:
+        # On another partition count than the bus's it would read streams no agent writes.
+        await check_partitions(self.redis, self.keys)  # ConfigError: refuses to start
         # The group first: once the manifest is visible, every later event reaches this hook.
         for partition in self.events:
             await self.retention.create_group(partition, self.group, start=self.start)
@@ -544,7 +554,7 @@ class AsyncHookWorker:
     ) -> None:
         """Dead letters, failure reasons and acknowledgements in one round trip."""
         commands: list[tuple[Any, ...]] = [
-            ("XADD", self.keys.dlq, "MAXLEN", "~", 100_000, "*", *_flat(entry)) for entry in dead
+            ("XADD", self.dlq, "MAXLEN", "~", DLQ_MAXLEN, "*", *_flat(entry)) for entry in dead
         ]
         if failed:
             failures = self.keys.failures(self.group)
@@ -575,6 +585,10 @@ class AsyncHookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
+                    if await partitions_changed(self.redis, self.keys):
+                        stop.set()
+                        return
+                    await self.cuts.check(self.redis, self.keys, [self.dlq])
                     if await self._heartbeat():
                         log.warning("hook %s was removed by an operator; stopping", self.group)
                         stop.set()
@@ -693,7 +707,7 @@ class AsyncHookWorker:
         telemetry.count_dead_letters(self.group, len(dead))
         async with self.redis.pipeline(transaction=False) as pipe:
             for entry in dead:
-                pipe.xadd(self.keys.dlq, entry, maxlen=100_000, approximate=True)
+                xadd_dead_letter(pipe, self.dlq, entry)
             pipe.xack(stream, self.group, *[i for i, _ in entries])
             pipe.hdel(self.keys.failures(self.group), *[i for i, _ in entries])
             await pipe.execute()

@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 from opentelemetry import context as otel_context
+from redis.exceptions import ResponseError
 
 from bus import limits
 from bus.aggregation import refusal
@@ -53,6 +54,7 @@ from bus.transport.coordinator import Coordinator, dispatch_source
 from bus.transport.keys import COORDINATORS_GROUP
 from bus.transport.redis_io import (
     UNREACHABLE,
+    CutWatch,
     Entry,
     Settled,
     cancel_session,
@@ -228,6 +230,8 @@ class CoordinatorService:
         self.keys = self.coordinator.keys
         self.redis = self.coordinator.redis
         self.settings = settings
+        #: What the caps of the dead-letter streams it writes cut (logged as it grows).
+        self.cuts = CutWatch()
         self.stats = {
             "answered": 0,
             "rejected": 0,
@@ -397,7 +401,7 @@ class CoordinatorService:
                         self.coordinator.id,
                         self._in_flight[source],
                         idle_ms,
-                        dlq=self.keys.dlq,
+                        dlq=self._dlq(source),
                     ):
                         self.stats["claimed"] += 1
                         _failures.info(
@@ -408,6 +412,11 @@ class CoordinatorService:
                     log.debug("claiming failed: %s", exc)
                 except Exception:  # claiming outlives anything
                     _failures.error("claim pass failed", exc_info=True)
+            try:  # what the dead-letter caps of the units this service writes cut: logged
+                units = [self._dlq(source) for source in self.sources]
+                await self.cuts.check(self.redis, self.keys, list(dict.fromkeys(units)))
+            except (*UNREACHABLE, ResponseError) as exc:
+                log.debug("could not read the dead-letter streams: %s", exc)
             if time.monotonic() >= next_tenants:
                 next_tenants = time.monotonic() + self.TENANTS_REFRESH_SECS
                 try:
@@ -440,10 +449,20 @@ class CoordinatorService:
             why = f"could not be answered: {type(exc).__name__}: {exc}"
             async with self._io:
                 await dead_letter(
-                    self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
+                    self.redis,
+                    self._dlq(source),
+                    source.stream,
+                    why,
+                    data,
+                    entry_id=entry_id.decode(),
                 )
             with contextlib.suppress(*UNREACHABLE):
                 await self._ack(source, entry_id)
+
+    def _dlq(self, source: Source) -> str:
+        """Dead letters about a tenant's requests go to that tenant's unit (its cap bounds only
+        its own letters); about trusted requests, to the coordinators' ``{p}:dlq``."""
+        return self.keys.tenant_dlq(source.tenant) if source.tenant else self.keys.dlq
 
     def _may_reply(self, source: Source, key: str) -> bool:
         if source.tenant:
@@ -558,7 +577,12 @@ class CoordinatorService:
         why = f"{event.value} refused: {exc}"
         async with self._io:
             await dead_letter(
-                self.redis, self.keys, source.stream, why, data, entry_id=entry_id.decode()
+                self.redis,
+                self._dlq(source),
+                source.stream,
+                why,
+                data,
+                entry_id=entry_id.decode(),
             )
         if head.ts and self._sent(entry_id, head) + head.timeout_ms < self._now():
             self.stats["expired"] += 1
@@ -611,7 +635,7 @@ class CoordinatorService:
             async with self._io:
                 await dead_letter(
                     self.redis,
-                    self.keys,
+                    self._dlq(source),
                     source.stream,
                     str(exc),
                     data,

@@ -63,8 +63,10 @@ from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.transport.directory import read_manifest, write_manifest
 from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.transport.redis_io import (
+    CutWatch,
     Entry,
     Settled,
+    check_partitions,
     connect,
     consume,
     current_manifest,
@@ -72,6 +74,7 @@ from bus.transport.redis_io import (
     ensure_group,
     hand_over,
     keep_and_claim,
+    partitions_changed,
     pipelined,
     refuse_retired,
     retire_replica,
@@ -232,6 +235,9 @@ class HookWorker:
         self.shards = shards
         self.owns_hook = owns_hook  # the lane that closes the hook when the service stops
         self.stream = self.keys.requests(self.spec.name, shard, shards)
+        #: This hook's own dead letters (its user may write no other unit's).
+        self.dlq = self.keys.hook_dlq(self.spec.name)
+        self.cuts = CutWatch()
         self.scope = scope
         lane = f"#{shard}" if shards > 1 else ""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{new_id()[:4]}{lane}"
@@ -254,6 +260,7 @@ class HookWorker:
 
     async def register(self) -> None:
         """Publish the manifest, make sure the group exists, and announce this replica."""
+        await check_partitions(self.redis, self.keys)  # ConfigError: refuses to start
         previous = await current_manifest(self.redis, self.keys, self.spec.name)
         registered_at = now_ms()
         if previous:
@@ -431,7 +438,7 @@ class HookWorker:
             data = (fields or {}).get(DATA_FIELD.encode(), b"")
             why = f"could not be handled: {type(exc).__name__}: {exc}"
             await dead_letter(
-                self.redis, self.keys, self.stream, why, data, entry_id=entry_id.decode()
+                self.redis, self.dlq, self.stream, why, data, entry_id=entry_id.decode()
             )
             await self._ack(entry_id)
 
@@ -453,7 +460,7 @@ class HookWorker:
             _failures.warning("malformed request %s dead-lettered: %s", entry_id.decode(), exc)
             await dead_letter(
                 self.redis,
-                self.keys,
+                self.dlq,
                 self.stream,
                 str(exc),
                 data or b"",
@@ -660,6 +667,11 @@ class HookWorker:
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
+                    if await partitions_changed(self.redis, self.keys):
+                        stop.set()
+                        return
+                    if self.owns_hook:  # what its dead-letter cap cut: logged as it grows
+                        await self.cuts.check(self.redis, self.keys, [self.dlq])
                     if await self._heartbeat():
                         log.warning(
                             "hook %s was removed by an operator: this replica stops serving it",
@@ -673,7 +685,7 @@ class HookWorker:
                 idle_ms = int(self.settings.claim_idle_secs * 1000)
                 for entry_id, fields in await keep_and_claim(
                     self.redis, self.stream, WORKERS_GROUP, self.replica, self._in_flight, idle_ms,
-                    dlq=self.keys.dlq, hook=self.spec.name,
+                    dlq=self.dlq, hook=self.spec.name,
                 ):  # fmt: skip
                     self.stats["claimed"] += 1
                     await self._start(entry_id, fields)
