@@ -49,6 +49,8 @@ def hookbus_commands() -> list[tuple[str, list[str]]]:
                     words = words[1:]
                 if words[-1:] == ["&"]:  # started in the background
                     words = words[:-1]
+                if "|" in words:  # piped on: the hookbus command is what comes before
+                    words = words[: words.index("|")]
                 if words[:1] == ["hookbus"]:
                     found.append((f"{doc.name}: {line.strip()}", words[1:]))
     return found
