@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
 from bus.logfmt import LineFormatter
-from workers.cli import check, deploy, operate, schema, serve
+from workers.cli import check, deploy, mcp, operate, schema, serve
 from workers.cli.common import redis_url
 
 __all__ = ["build_parser", "main"]
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.register(sub)
     operate.register(sub)
     deploy.register(sub)
+    mcp.register(sub)
     _verbose_everywhere(sub)
     return parser
 

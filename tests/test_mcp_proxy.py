@@ -1,0 +1,177 @@
+"""``hookbus mcp`` end to end, with real parts only: the official MCP SDK's client, ``hookbus
+mcp`` as a process, the reference MCP filesystem server (npm, tests/mcp_server, installed by
+``make node-deps``) behind it, a real Redis and real hook workers (SecretGuard over MCP tool
+names, the demo's Redactor)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from agent_adapter.client import HookClient
+from bus.settings import BusSettings
+from bus.transport.keys import Keys
+from tests.harness import ROOT, wait_for, wait_live, worker_env
+from workers.local.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+SERVER = ROOT / "tests" / "mcp_server" / "node_modules" / ".bin" / "mcp-server-filesystem"
+NOTES = "first line\nAPI_KEY=sk-live-0123456789\nlast line\n"
+
+
+@pytest.fixture
+def server_bin() -> Path:
+    if not SERVER.exists():
+        pytest.fail(f"{SERVER} is missing: run `make node-deps` (needs Node.js >= 20 and npm)")
+    return SERVER
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "notes.txt").write_text(NOTES)
+    (allowed / ".env").write_text("API_KEY=sk-live-0123456789\n")
+    (allowed / "hello.txt").write_text("hello, world\n")
+    return allowed
+
+
+def _params(command: list[str], settings: BusSettings | None) -> StdioServerParameters:
+    # stdio_client gives the server a minimal environment: HOOKBUS_* passed explicitly.
+    env = worker_env(settings) if settings is not None else None
+    return StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(ROOT))
+
+
+def proxy_command(server: Path, folder: Path) -> list[str]:
+    proxy = [sys.executable, "-m", "workers.cli", "mcp", "--name", "filesystem"]
+    return [*proxy, "--", str(server), str(folder)]
+
+
+@contextlib.asynccontextmanager
+async def session(
+    command: list[str], settings: BusSettings | None = None
+) -> AsyncIterator[ClientSession]:
+    async with (
+        stdio_client(_params(command, settings)) as (read, write),
+        ClientSession(read, write) as client,
+    ):
+        await client.initialize()
+        await client.list_tools()  # the client validates structuredContent with the schemas
+        yield client
+
+
+def wire(result: Any) -> str:
+    return json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+async def start_hooks(procs: Any, settings: BusSettings) -> None:
+    procs.worker(settings, "tests.mcp_hooks:McpSecretGuard", "guard")
+    procs.worker(settings, "workers.builtins.demo_hooks:Redactor", "redactor")
+    async with HookClient(settings) as client:
+        await wait_live(client, "McpSecretGuard", "Redactor")
+
+
+async def test_hooks_decide_every_tool_call(
+    bus_settings: BusSettings, procs: Any, server_bin: Path, folder: Path
+) -> None:
+    await start_hooks(procs, bus_settings)
+    direct = [str(server_bin), str(folder)]
+    async with (
+        session(proxy_command(server_bin, folder), bus_settings) as proxied,
+        session(direct) as plain,
+    ):
+        # tools/list passes through: names as the server gives them (the same JSON; the SDK's
+        # models may write an input schema's keys in another order)
+        listed = json.loads(wire(await proxied.list_tools()))
+        assert listed == json.loads(wire(await plain.list_tools()))
+        assert "read_text_file" in [tool["name"] for tool in listed["tools"]]
+
+        # a read of .env: refused by SecretGuard (mcp__filesystem__read_text_file), with the
+        # reason, as a tool result the model sees
+        refused = await proxied.call_tool("read_text_file", {"path": str(folder / ".env")})
+        assert refused.is_error
+        assert "McpSecretGuard: .env files hold secrets" in text_of(refused)
+        assert "mcp__filesystem__read_text_file" in text_of(refused)
+        assert "sk-live" not in wire(refused)
+        assert refused.structured_content is None
+
+        # a secret in a file: redacted in the text block and in structuredContent, the other
+        # lines intact
+        redacted = await proxied.call_tool("read_text_file", {"path": str(folder / "notes.txt")})
+        want = "first line\nAPI_KEY=[redacted]\nlast line\n"
+        assert not redacted.is_error
+        assert redacted.content[0].text == want
+        assert redacted.structured_content == {"content": want}
+        assert "sk-live" not in wire(redacted)
+
+        # a write outside the allowed folder: refused by the server itself, passed through
+        outside = folder.parent / "outside.txt"
+        args = {"path": str(outside), "content": "x"}
+        denied = await proxied.call_tool("write_file", args)
+        assert denied.is_error
+        assert "Access denied - path outside allowed directories" in text_of(denied)
+        assert wire(denied) == wire(await plain.call_tool("write_file", args))
+        assert not outside.exists()
+
+        # benign calls: the result byte for byte as the server gives it
+        for name, args in [
+            ("read_text_file", {"path": str(folder / "hello.txt")}),
+            ("list_directory", {"path": str(folder)}),
+            ("list_allowed_directories", {}),
+        ]:
+            assert wire(await proxied.call_tool(name, args)) == wire(
+                await plain.call_tool(name, args)
+            )
+
+    # the MCP session was OnSessionStart … OnSessionStop on the bus
+    keys = Keys.of(bus_settings)
+
+    async def session_events() -> bool:
+        async with HookClient(bus_settings) as client:
+            seen = b""
+            for stream in keys.event_partitions:
+                for _, fields in await client.redis.xrange(stream):
+                    seen += b"".join(fields.values())
+        return b"OnSessionStart" in seen and b"OnSessionStop" in seen
+
+    await wait_for(session_events, what="OnSessionStart and OnSessionStop on the events streams")
+
+
+async def test_redis_down_refuses_tool_calls(procs: Any, server_bin: Path, folder: Path) -> None:
+    with RedisServer() as redis:
+        settings = BusSettings(
+            redis_url=redis.url,
+            prefix="mcpdown",
+            heartbeat_secs=0.2,
+            liveness_secs=1.0,
+            claim_idle_secs=0.5,
+            refresh_secs=0.2,
+        )
+        await start_hooks(procs, settings)
+        async with session(proxy_command(server_bin, folder), settings) as proxied:
+            hello = {"path": str(folder / "hello.txt")}
+            assert text_of(await proxied.call_tool("read_text_file", hello)) == "hello, world\n"
+            redis.stop()
+            for name, args in [
+                ("read_text_file", hello),
+                ("read_text_file", {"path": str(folder / "notes.txt")}),
+                ("write_file", {"path": str(folder / "new.txt"), "content": "x"}),
+            ]:
+                result = await proxied.call_tool(name, args)
+                assert result.is_error, (name, wire(result))
+                assert "hello, world" not in wire(result)
+                assert "sk-live" not in wire(result)
+            assert not (folder / "new.txt").exists()
