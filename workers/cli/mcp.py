@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the server's name in tool names (mcp__NAME__tool): the name the client's MCP "
         "configuration gives it; default: the name the server gives itself",
     )
+    mcp.add_argument(
+        "--session",
+        help="the session id in HookBus (for `hookbus cancel SESSION`, audit); default: a "
+        "fresh mcp-… id, logged at start",
+    )
     mcp.add_argument("server", nargs=argparse.REMAINDER, metavar="-- COMMAND …")
     mcp.set_defaults(func=_mcp)
 
@@ -48,7 +53,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with HookClient(settings, source="mcp") as hooks:
-            await serve_stdio(hooks, command, args.name)
+            await serve_stdio(hooks, command, args.name, args.session)
 
     anyio.run(run)
     return 0

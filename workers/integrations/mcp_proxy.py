@@ -382,11 +382,24 @@ async def upstream_stdio(command: Sequence[str]) -> AsyncIterator[tuple[ClientSe
         yield session, init
 
 
-async def serve_stdio(hooks: EventRunner, command: Sequence[str], name: str | None = None) -> None:
+async def serve_stdio(
+    hooks: EventRunner,
+    command: Sequence[str],
+    name: str | None = None,
+    session_id: str | None = None,
+) -> None:
     """Serve one MCP session on this process's stdin/stdout, ``command`` behind it."""
     async with upstream_stdio(command) as (session, init):
         server_name = name or init.server_info.name
         proxy = McpProxy(hooks, session, server_name)
+        if session_id:
+            proxy.session_id = session_id
+        log.info(
+            "MCP session %s: %s's tools as mcp__%s__*",
+            proxy.session_id,
+            init.server_info.name,
+            _normalise(server_name),
+        )
         server = build_server(proxy, init)
         terminal = TurnTerminal.COMPLETED
         try:
