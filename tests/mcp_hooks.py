@@ -3,7 +3,18 @@ tools, named as ``hookbus mcp`` (and Claude Code) name MCP tools, ``mcp__SERVER_
 
 from __future__ import annotations
 
-from bus import ToolMatchFilter
+from pathlib import Path
+
+from bus import (
+    CONTINUE,
+    AgentHook,
+    HookEvent,
+    MutateInput,
+    PermissionRequired,
+    PreToolUseAction,
+    PreToolUseContext,
+    ToolMatchFilter,
+)
 from workers.builtins.demo_hooks import SecretGuard
 
 
@@ -11,3 +22,25 @@ class McpSecretGuard(SecretGuard):
     """SecretGuard's Block on ``.env`` paths, for every MCP server's tools."""
 
     match_filter = ToolMatchFilter.parse(["mcp__*"], ["path:.env", "paths:.env"])
+
+
+class McpNotesFolder(AgentHook):
+    """Moves every file the filesystem server's write_file writes into ``notes/`` (MutateInput),
+    and asks permission for move_file (PermissionRequired: no hook nor person allows it)."""
+
+    subscribed_events = (HookEvent.PRE_TOOL_USE,)
+    match_filter = ToolMatchFilter.parse(
+        ["mcp__filesystem__write_file", "mcp__filesystem__move_file"]
+    )
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseAction:
+        if ctx.tool_name.endswith("move_file"):
+            return PermissionRequired(permission="move files", tool_name=ctx.tool_name)
+        path = Path(str(ctx.tool_args["path"]))
+        if path.parent.name == "notes":
+            return CONTINUE
+        moved = str(path.parent / "notes" / path.name)
+        return MutateInput(
+            updated_args={**ctx.tool_args, "path": moved},
+            additional_context=f"file writes are kept under notes/: {path} became {moved}",
+        )

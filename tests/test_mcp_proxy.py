@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,96 @@ async def test_redis_down_refuses_tool_calls(procs: Any, server_bin: Path, folde
                 assert "hello, world" not in wire(result)
                 assert "sk-live" not in wire(result)
             assert not (folder / "new.txt").exists()
+
+
+async def test_unreachable_hooks_refuse(
+    bus_settings: BusSettings, procs: Any, server_bin: Path, folder: Path
+) -> None:
+    """A guard whose policy is "fail" gone: its call refused. A PostToolUse hook gone (the
+    Redactor, policy "ignore"): the output withheld, not shown unredacted."""
+    await start_hooks(procs, bus_settings)
+    guard, redactor = procs.procs
+    command = proxy_command(server_bin, folder)
+    env = {**worker_env(bus_settings), "HOOK_TIMEOUT_SECS": "2"}  # a bound, not a sync point
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=str(ROOT))
+    async with (
+        HookClient(bus_settings) as watcher,
+        stdio_client(params) as (read, write),
+        ClientSession(read, write) as proxied,
+    ):
+        await proxied.initialize()
+        await proxied.list_tools()
+        for proc in (guard, redactor):
+            proc.kill()
+            proc.wait()
+
+        def gone() -> bool:
+            by_name = watcher.directory.by_name
+            return all(
+                by_name.get(n) is None or by_name[n].replicas == 0
+                for n in ("McpSecretGuard", "Redactor")
+            )
+
+        await wait_for(gone, what="the killed hooks to leave the directory")
+        refused = await proxied.call_tool("read_text_file", {"path": str(folder / ".env")})
+        assert refused.is_error
+        assert "McpSecretGuard" in text_of(refused)
+        assert "sk-live" not in wire(refused)
+        withheld = await proxied.call_tool("read_text_file", {"path": str(folder / "notes.txt")})
+        assert withheld.is_error
+        assert "[output withheld by HookBus" in text_of(withheld)
+        assert "Redactor" in text_of(withheld)
+        assert "sk-live" not in wire(withheld)
+
+
+async def test_rewrite_permission_and_cancel(
+    bus_settings: BusSettings, procs: Any, server_bin: Path, folder: Path
+) -> None:
+    """MutateInput: the server gets the rewritten arguments; PermissionRequired that nobody
+    allows: denied with the reason; ``hookbus cancel``: that call and every later one refused,
+    OnSessionStop ``Cancelled``."""
+    procs.worker(bus_settings, "tests.mcp_hooks:McpNotesFolder", "notes")
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
+    (folder / "notes").mkdir()
+    sid = f"mcp-test-{uuid.uuid4().hex[:8]}"
+    command = proxy_command(server_bin, folder)
+    command[command.index("--") : command.index("--")] = ["--session", sid]
+    async with HookClient(bus_settings) as watcher:
+        await wait_live(watcher, "McpNotesFolder", "CancellationHook")
+        async with session(command, bus_settings) as proxied:
+            wrote = await proxied.call_tool(
+                "write_file", {"path": str(folder / "a.txt"), "content": "hi"}
+            )
+            assert not wrote.is_error, wire(wrote)
+            assert (folder / "notes" / "a.txt").read_text() == "hi"
+            assert not (folder / "a.txt").exists()
+            assert "file writes are kept under notes/" in text_of(wrote)
+
+            moved = await proxied.call_tool(
+                "move_file",
+                {"source": str(folder / "hello.txt"), "destination": str(folder / "b.txt")},
+            )
+            assert moved.is_error
+            assert "Permission denied" in text_of(moved)
+            assert (folder / "hello.txt").exists()
+
+            await watcher.cancel(sid)
+            hello = {"path": str(folder / "hello.txt")}
+            first = await proxied.call_tool("read_text_file", hello)
+            assert first.is_error
+            assert "CancellationHook" in text_of(first)
+            later = await proxied.call_tool("list_allowed_directories", {})
+            assert later.is_error
+            assert f"session {sid} was cancelled" in text_of(later)
+
+    keys = Keys.of(bus_settings)
+
+    async def stopped_cancelled() -> bool:
+        async with HookClient(bus_settings) as client:
+            for _, fields in await client.redis.xrange(keys.events(sid)):
+                blob = b"".join(fields.values())
+                if b"OnSessionStop" in blob and b"Cancelled" in blob:
+                    return True
+        return False
+
+    await wait_for(stopped_cancelled, what="OnSessionStop Cancelled on the session's stream")

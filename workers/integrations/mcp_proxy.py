@@ -225,9 +225,10 @@ class McpProxy:
                 elapsed_ms=elapsed_ms,
             )
         )
-        if lost := [s.hook_name for s in post.skipped if s.kind == "unreachable"]:
-            # a hook that might have rewritten the output (a redactor) never saw it
-            why = f"the output of {name} was withheld: {', '.join(lost)} unreachable"
+        if lost := [f"{s.hook_name} ({s.kind})" for s in post.skipped]:
+            # a hook that might have rewritten the output (a redactor) did not answer on it:
+            # withheld, whatever its failure policy (an MCP client shows the model everything)
+            why = f"the output of {name} was withheld: no answer from {', '.join(lost)}"
             log.warning("%s", why)
             return _text_result(WITHHELD.format(reason=why))
         final = post.final_content
