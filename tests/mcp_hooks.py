@@ -10,7 +10,10 @@ from bus import (
     AgentHook,
     HookEvent,
     MutateInput,
+    MutateOutput,
     PermissionRequired,
+    PostToolUseAction,
+    PostToolUseContext,
     PreToolUseAction,
     PreToolUseContext,
     ToolMatchFilter,
@@ -44,3 +47,15 @@ class McpNotesFolder(AgentHook):
             updated_args={**ctx.tool_args, "path": moved},
             additional_context=f"file writes are kept under notes/: {path} became {moved}",
         )
+
+
+class TextOnlyRedactor(AgentHook):
+    """A redactor that replaces any output holding a key with a text, whatever its shape (a
+    structured output included): the proxy cannot put that back in structuredContent."""
+
+    subscribed_events = (HookEvent.POST_TOOL_USE,)
+
+    async def post_tool_use(self, ctx: PostToolUseContext) -> PostToolUseAction:
+        if "sk-live" not in ctx.output_content:
+            return CONTINUE
+        return MutateOutput(updated_content="[a file with a key: contents hidden]")

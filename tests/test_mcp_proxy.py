@@ -13,14 +13,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from agent_adapter.client import HookClient
+from bus import HookRegistry
 from bus.settings import BusSettings
 from bus.transport.keys import Keys
 from tests.harness import ROOT, wait_for, wait_live, worker_env
+from tests.mcp_hooks import TextOnlyRedactor
+from workers.integrations.mcp_proxy import McpProxy, upstream_stdio
 from workers.local.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -269,3 +273,22 @@ async def test_rewrite_permission_and_cancel(
         return False
 
     await wait_for(stopped_cancelled, what="OnSessionStop Cancelled on the session's stream")
+
+
+async def test_a_rewrite_that_loses_the_shape_is_withheld(server_bin: Path, folder: Path) -> None:
+    """The hooks in-process (HookRegistry), the real server behind the proxy's own upstream
+    client: a hook that rewrites a structured result as text cannot be applied to
+    structuredContent, which the client shows the model: the output is withheld."""
+    registry = HookRegistry()
+    registry.add(TextOnlyRedactor())
+    async with upstream_stdio([str(server_bin), str(folder)]) as (upstream, _):
+        await upstream.list_tools()
+        proxy = McpProxy(registry, upstream, "filesystem")
+        notes = {"path": str(folder / "notes.txt")}
+        result = await proxy.call_tool(
+            types.CallToolRequestParams(name="read_text_file", arguments=notes)
+        )
+    assert result.is_error
+    assert result.structured_content is None
+    assert "[output withheld by HookBus" in text_of(result)
+    assert "sk-live" not in wire(result)
