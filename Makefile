@@ -92,7 +92,7 @@ tests/mcp_server/node_modules/.package-lock.json: tests/mcp_server/package-lock.
 	npm ci --prefix tests/mcp_server --no-audit --no-fund
 	@touch $@
 
-bench: $(DEV)
+bench: $(DEV) tests/mcp_server/node_modules/.package-lock.json
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
