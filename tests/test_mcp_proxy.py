@@ -24,8 +24,9 @@ from bus.settings import BusSettings
 from bus.transport.keys import Keys
 from tests.harness import ROOT, wait_for, wait_live, worker_env
 from tests.mcp_hooks import TextOnlyRedactor
+from tests.test_gateway import new_token
 from workers.integrations.mcp_proxy import McpProxy, upstream_stdio
-from workers.local.redis_server import RedisServer
+from workers.local.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -292,3 +293,73 @@ async def test_a_rewrite_that_loses_the_shape_is_withheld(server_bin: Path, fold
     assert result.structured_content is None
     assert "[output withheld by HookBus" in text_of(result)
     assert "sk-live" not in wire(result)
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as client,
+    ):
+        await client.initialize()
+        await client.list_tools()
+        yield client
+
+
+async def test_streamable_http_per_tenant(
+    bus_settings: BusSettings, procs: Any, server_bin: Path, folder: Path, tmp_path: Path
+) -> None:
+    """``hookbus mcp --http``: a tenant's bearer token opens a session, whose calls the hooks
+    decide as over stdio, as the tenant's session (``<tenant>/mcp-…``); no token: 401."""
+    import httpx2
+
+    await start_hooks(procs, bus_settings)
+    tokens = tmp_path / "tokens"
+    token = new_token(tokens, "team-a", bus_settings)
+    port = free_port()
+    env = worker_env(bus_settings)
+    command = proxy_command(server_bin, folder)[3:]  # mcp --name filesystem -- …
+    cut = command.index("--")
+    command[cut:cut] = ["--http", "--port", str(port), "--tokens", str(tokens)]
+    procs.start(command, env, "mcp-http")
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def up() -> bool:
+        try:
+            async with httpx2.AsyncClient() as http:
+                return (await http.post(url, json={})).status_code == 401
+        except httpx2.TransportError:
+            return False
+
+    await wait_for(up, timeout=60, what=f"hookbus mcp --http to answer on {url}")
+    async with http_session(url, token) as proxied:
+        refused = await proxied.call_tool("read_text_file", {"path": str(folder / ".env")})
+        assert refused.is_error
+        assert "McpSecretGuard: .env files hold secrets" in text_of(refused)
+        redacted = await proxied.call_tool("read_text_file", {"path": str(folder / "notes.txt")})
+        want = "first line\nAPI_KEY=[redacted]\nlast line\n"
+        assert redacted.content[0].text == want
+        assert redacted.structured_content == {"content": want}
+    async with httpx2.AsyncClient() as http:
+        answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert answer.status_code == 401
+        forged = {"Authorization": "Bearer not-a-token"}
+        answer = await http.post(url, json={}, headers=forged)
+        assert answer.status_code == 401
+
+    keys = Keys.of(bus_settings)
+
+    async def tenant_session_stopped() -> bool:
+        async with HookClient(bus_settings) as client:
+            seen = b""
+            for stream in keys.event_partitions:
+                for _, fields in await client.redis.xrange(stream):
+                    seen += b"".join(fields.values())
+        return b"team-a/mcp-" in seen and b"OnSessionStop" in seen
+
+    await wait_for(tenant_session_stopped, what="OnSessionStop of team-a/mcp-… on the bus")
