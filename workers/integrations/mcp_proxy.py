@@ -49,7 +49,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,7 +313,7 @@ def _in_shape(original: dict[str, Any], final: str) -> tuple[dict[str, Any] | No
 def build_server(
     upstream: ClientSession,
     upstream_init: types.InitializeResult,
-    proxy_of: Any,
+    proxy_of: Callable[[Any], Awaitable[McpProxy | str]],
 ) -> Server[Any]:
     """The MCP server the client talks to: the upstream server's identity and capabilities,
     ``tools/call`` through the hooks (``await proxy_of(ctx)``: the session's ``McpProxy``),
@@ -409,7 +409,7 @@ async def serve_stdio(
             _normalise(server_name),
         )
 
-        async def the_proxy(ctx: Any) -> McpProxy:
+        async def the_proxy(ctx: Any) -> McpProxy | str:
             return proxy
 
         server = build_server(session, init, the_proxy)
