@@ -363,3 +363,39 @@ async def test_streamable_http_per_tenant(
         return b"team-a/mcp-" in seen and b"OnSessionStop" in seen
 
     await wait_for(tenant_session_stopped, what="OnSessionStop of team-a/mcp-… on the bus")
+
+
+async def test_permission_asked_of_the_user_by_elicitation(
+    bus_settings: BusSettings, procs: Any, server_bin: Path, folder: Path
+) -> None:
+    """PermissionRequired, with a client that supports elicitation: the user is asked (an MCP
+    form elicitation naming the tool and its arguments); accept runs the call, decline refuses
+    it."""
+    procs.worker(bus_settings, "tests.mcp_hooks:McpNotesFolder", "notes")
+    async with HookClient(bus_settings) as watcher:
+        await wait_live(watcher, "McpNotesFolder")
+    answers = ["decline", "accept"]
+    asked: list[str] = []
+
+    async def user(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action=answers.pop(0), content={})
+
+    command = proxy_command(server_bin, folder)
+    async with (
+        stdio_client(_params(command, bus_settings)) as (read, write),
+        ClientSession(read, write, elicitation_callback=user) as proxied,
+    ):
+        await proxied.initialize()
+        await proxied.list_tools()
+        move = {"source": str(folder / "hello.txt"), "destination": str(folder / "moved.txt")}
+        declined = await proxied.call_tool("move_file", move)
+        assert declined.is_error
+        assert "the user said no" in text_of(declined)
+        assert (folder / "hello.txt").exists()
+        accepted = await proxied.call_tool("move_file", move)
+        assert not accepted.is_error, wire(accepted)
+        assert (folder / "moved.txt").read_text() == "hello, world\n"
+    assert len(asked) == 2
+    assert "mcp__filesystem__move_file needs your permission (move files" in asked[0]
+    assert "hello.txt" in asked[0]

@@ -61,6 +61,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 
+from agent_adapter.executor import Approver
 from agent_adapter.integrations.gate import ToolGate
 from bus import (
     EventRunner,
@@ -83,6 +84,9 @@ WITHHELD = "[output withheld by HookBus: {reason}]"
 #: Seconds the session-end work may take: ``stdio_client`` (the SDK's) waits about 2 s after
 #: closing the proxy's stdin before it sends SIGTERM.
 SESSION_END_SECS = 1.5
+
+#: Seconds the client's user has to answer a permission request (MCP elicitation).
+APPROVAL_SECS = 120.0
 
 #: Seconds a PING of Redis may take before a tool call is refused.
 REDIS_CHECK_SECS = 2.0
@@ -127,7 +131,7 @@ class McpProxy:
     calls: int = 0
 
     def __post_init__(self) -> None:
-        self.gate = ToolGate(self.hooks)
+        self.gate = ToolGate(self.hooks)  # PermissionRequired denied: nobody to ask
 
     async def start(self) -> None:
         await self.hooks.run_on_session_start(SessionStartContext(session_id=self.session_id))
@@ -141,8 +145,12 @@ class McpProxy:
             )
         )
 
-    async def call_tool(self, params: types.CallToolRequestParams) -> types.CallToolResult:
-        """``tools/call`` through the hooks: never forwarded unless PreToolUse let it through."""
+    async def call_tool(
+        self, params: types.CallToolRequestParams, approver: Approver | None = None
+    ) -> types.CallToolResult:
+        """``tools/call`` through the hooks: never forwarded unless PreToolUse let it through.
+        ``approver`` asks the client's user when a hook asks for permission (MCP elicitation);
+        without one such a call is denied."""
         self.calls += 1
         step = self.calls
         name = qualified_name(self.server, params.name)
@@ -153,7 +161,10 @@ class McpProxy:
             log.warning("tools/call %s refused: %s", name, down)
             return _text_result(f"Tool call refused by HookBus: {down}; no hook could decide")
         try:
-            verdict = await self.gate.before(self.session_id, name, args, step=step)
+            gate = self.gate
+            if approver is not None:
+                gate = ToolGate(self.hooks, approver=approver, approval_timeout=APPROVAL_SECS)
+            verdict = await gate.before(self.session_id, name, args, step=step)
         except Exception as exc:  # Redis or the hooks unreachable: fail closed
             log.warning("tools/call %s refused: no hook decision (%s)", name, exc)
             return _text_result(f"Tool call refused by HookBus: the hooks could not decide ({exc})")
@@ -310,6 +321,32 @@ def _in_shape(original: dict[str, Any], final: str) -> tuple[dict[str, Any] | No
     return value, ""
 
 
+def elicitation_approver(ctx: Any) -> Approver | None:
+    """An approver that asks the client's user (an MCP form elicitation, answered yes with
+    accept, no with decline, nothing with cancel), or None when the client cannot be asked."""
+    session = getattr(ctx, "session", None)
+    caps = getattr(session, "client_capabilities", None)
+    elicitation = getattr(caps, "elicitation", None)
+    if session is None or elicitation is None:
+        return None
+    if elicitation.form is None and elicitation.url is not None:  # URL mode only: no form
+        return None
+
+    async def approve(tool: str, args: Any, reason: str) -> bool | None:
+        shown = msgspec.json.encode(args).decode()
+        if len(shown) > 2000:
+            shown = shown[:2000] + "…"
+        answer = await session.elicit_form(
+            f"HookBus: {tool} needs your permission ({reason}).\nArguments: {shown}\n"
+            "Accept to run it, decline to refuse it.",
+            {"type": "object", "properties": {}},
+            related_request_id=getattr(ctx, "request_id", None),
+        )
+        return {"accept": True, "decline": False}.get(answer.action)
+
+    return approve
+
+
 def build_server(
     upstream: ClientSession,
     upstream_init: types.InitializeResult,
@@ -328,7 +365,7 @@ def build_server(
         proxy = await proxy_of(ctx)
         if isinstance(proxy, str):  # refused: why
             return _text_result(f"Tool call refused by HookBus: {proxy}")
-        return await proxy.call_tool(params)
+        return await proxy.call_tool(params, elicitation_approver(ctx))
 
     if caps.tools is not None:
         handlers.update(on_list_tools=list_tools, on_call_tool=call_tool)
