@@ -1,22 +1,25 @@
 """``hookbus mcp``: HookBus in front of an MCP server, for any MCP client, unchanged.
 
 The proxy is an MCP server to the client and an MCP client to the real server (both sides the
-official SDK, ``mcp`` on PyPI). The client launches it in place of the server::
+official SDK, ``mcp`` on PyPI). Over stdio the client launches it in place of the server::
 
     hookbus mcp --name filesystem -- npx @modelcontextprotocol/server-filesystem /srv/docs
 
+and with ``--http`` it serves Streamable HTTP, a bearer token per tenant (the gateway's token
+file), every client session in front of one server process (``serve_http``).
+
 What is hooked:
 
-* the MCP session: OnSessionStart when the proxy starts serving, OnSessionStop when the client
-  goes (or the proxy is told to stop);
+* the MCP session: OnSessionStart when it starts, OnSessionStop when the client goes (stdio:
+  its stdin closes, or SIGTERM; HTTP: DELETE or the idle timeout);
 * ``tools/call``: PreToolUse on the call, with the tool named as Claude Code names MCP tools,
   ``mcp__SERVER__tool``, so that one rule set covers both. ``Block``: the server is not called
   and the client gets a tool result with ``isError`` and the reason (the model sees it);
   ``MutateInput``: the server gets the rewritten arguments; ``PermissionRequired``:
-  PermissionRequest hooks decide, and without one that allows it the call is denied with the
-  reason (the proxy asks no person). The server's result goes through PostToolUse (and, when
-  it is an error, PostToolUseFailure); an error the server raised instead of answering goes
-  through PostToolUseFailure;
+  PermissionRequest hooks decide, then the client's user by an MCP form elicitation where the
+  client supports it, else the call is denied with the reason. The server's result goes through
+  PostToolUse (and, when it is an error, PostToolUseFailure); an error the server raised
+  instead of answering goes through PostToolUseFailure;
 * a session cancelled (``hookbus cancel SESSION``: the CancellationHook's Block) has every later
   call refused.
 
@@ -26,12 +29,13 @@ The result is shown to hooks as a structured output (``PostToolUseContext.output
 
 and a rewrite must keep that shape (``MutateOutput.of_value``: the built-in Redactor does); the
 only exception is a result of one text block and no ``structuredContent``, shown as its text. A
-rewrite that lost the shape, a hook that could not be asked, Redis unreachable: the output is
-withheld (an ``isError`` result saying so), never shown unchecked. An MCP client shows the model
-``structuredContent`` when there is one, so a rewrite of the text blocks alone would leak.
+rewrite that lost the shape, a PostToolUse hook that did not answer, Redis unreachable: the
+output is withheld (an ``isError`` result saying so), never shown unchecked. An MCP client shows
+the model ``structuredContent`` when there is one, so a rewrite of the text blocks alone would
+leak.
 
-Fail closed: a call the hooks could not decide (Redis or the hooks unreachable, the hook
-directory not yet read) is refused, never forwarded unchecked.
+Fail closed: a call the hooks could not decide (Redis not answering a PING, the hook directory
+not yet read, a ``fail`` hook unreachable) is refused, never forwarded unchecked.
 
 Not hooked, passed through untouched: ``tools/list`` (names as the server gives them),
 resources (list, templates, read), prompts (list, get), completion. Not passed through:
