@@ -64,7 +64,7 @@ def _mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from agent_adapter.client import HookClient
-    from workers.integrations.mcp_proxy import serve_http, serve_stdio
+    from workers.integrations.mcp_proxy import serve_stdio
 
     settings = settings_of(args)
     tokens = None
@@ -76,6 +76,8 @@ def _mcp(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with HookClient(settings, source="mcp") as hooks:
             if tokens is not None:
+                from workers.integrations.mcp_http import serve_http
+
                 await serve_http(
                     hooks, command, tokens, name=args.name, host=args.host, port=args.port
                 )

@@ -6,7 +6,7 @@ official SDK, ``mcp`` on PyPI). Over stdio the client launches it in place of th
     hookbus mcp --name filesystem -- npx @modelcontextprotocol/server-filesystem /srv/docs
 
 and with ``--http`` it serves Streamable HTTP, a bearer token per tenant (the gateway's token
-file), every client session in front of one server process (``serve_http``).
+file), every client session in front of one server process (workers/integrations/mcp_http.py).
 
 What is hooked:
 
@@ -65,20 +65,27 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 
-from agent_adapter.executor import Approver
-from agent_adapter.integrations.gate import ToolGate
 from bus import (
+    Block,
     EventRunner,
+    Override,
+    PermissionDecision,
+    PermissionDenialSource,
+    PermissionDeniedContext,
+    PermissionRequestContext,
+    PermissionRequired,
     PostToolUseContext,
     PostToolUseFailureContext,
+    PreToolUseContext,
     SessionStartContext,
     SessionStopContext,
     TurnTerminal,
     render_system_reminder,
 )
 from bus.actions import shape_mismatch
+from workers.builtins.cancellation import RedisCancellationHook
 
-__all__ = ["HttpSessions", "McpProxy", "http_app", "qualified_name", "serve_http", "serve_stdio"]
+__all__ = ["McpProxy", "build_server", "qualified_name", "serve_stdio", "upstream_stdio"]
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +107,10 @@ def qualified_name(server: str, tool: str) -> str:
     """The tool's name in HookBus contexts: Claude Code's form for MCP tools,
     ``mcp__SERVER__tool`` (characters other than letters, digits, ``_`` and ``-`` become
     ``_``, as Claude Code does)."""
-    return f"mcp__{_normalise(server)}__{tool}"
+    return f"mcp__{normalise(server)}__{tool}"
 
 
-def _normalise(name: str) -> str:
+def normalise(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
@@ -115,6 +122,45 @@ def _text_result(text: str, *, is_error: bool = True) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)], is_error=is_error
     )
+
+
+#: Asks the user about a call that needs permission: (tool, arguments, reason) → True (allow),
+#: False (refuse) or None (no answer). agent_adapter's ``Approver``, defined here as well (an
+#: integration does not import the agent side).
+Approver = Callable[[str, Any, str], Awaitable[bool | None]]
+
+#: The hook whose Block means "this session was cancelled" (``hookbus cancel``).
+CANCELLATION_HOOK = RedisCancellationHook.name
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What PreToolUse (and permission) decided about one call."""
+
+    args: dict[str, Any]  # the arguments to call the server with
+    refusal: str | None  # set: do not call the server; this is the result's text
+    reminders: tuple[str, ...] = ()
+    cancelled: bool = False  # the CancellationHook blocked it: the session is over
+
+
+async def _ask(
+    approver: Approver | None, name: str, args: Any, reason: str
+) -> tuple[PermissionDecision, str, PermissionDenialSource]:
+    if approver is None:
+        return PermissionDecision.DENY, f"{reason} (nobody to ask)", PermissionDenialSource.TIMEOUT
+    try:
+        with anyio.fail_after(APPROVAL_SECS):
+            answer = await approver(name, args, reason)
+    except TimeoutError:
+        answer = None
+    except Exception as exc:  # the client failed the elicitation
+        log.warning("asking the user about %s failed: %s", name, exc)
+        answer = None
+    if answer is None:
+        return PermissionDecision.DENY, f"{reason} (no answer)", PermissionDenialSource.TIMEOUT
+    if answer:
+        return PermissionDecision.ALLOW, reason, PermissionDenialSource.USER
+    return PermissionDecision.DENY, f"{reason} (the user said no)", PermissionDenialSource.USER
 
 
 @dataclass
@@ -133,9 +179,6 @@ class McpProxy:
     session_id: str = field(default_factory=lambda: f"mcp-{uuid.uuid4().hex}")
     cancelled: str | None = None  # why, once the session was cancelled
     calls: int = 0
-
-    def __post_init__(self) -> None:
-        self.gate = ToolGate(self.hooks)  # PermissionRequired denied: nobody to ask
 
     async def start(self) -> None:
         await self.hooks.run_on_session_start(SessionStartContext(session_id=self.session_id))
@@ -165,10 +208,7 @@ class McpProxy:
             log.warning("tools/call %s refused: %s", name, down)
             return _text_result(f"Tool call refused by HookBus: {down}; no hook could decide")
         try:
-            gate = self.gate
-            if approver is not None:
-                gate = ToolGate(self.hooks, approver=approver, approval_timeout=APPROVAL_SECS)
-            verdict = await gate.before(self.session_id, name, args, step=step)
+            verdict = await self._before(name, args, step, approver)
         except Exception as exc:  # Redis or the hooks unreachable: fail closed
             log.warning("tools/call %s refused: no hook decision (%s)", name, exc)
             return _text_result(f"Tool call refused by HookBus: the hooks could not decide ({exc})")
@@ -191,6 +231,52 @@ class McpProxy:
         except Exception as exc:
             log.warning("output of %s withheld: no hook decision (%s)", name, exc)
             return _text_result(WITHHELD.format(reason=f"the hooks could not inspect it ({exc})"))
+
+    async def _before(
+        self, name: str, args: dict[str, Any], step: int, approver: Approver | None
+    ) -> Verdict:
+        """PreToolUse, and on PermissionRequired the PermissionRequest hooks, then the user
+        (``approver``): as agent_adapter's ToolGate does for the framework adapters."""
+        pre = await self.hooks.run_pre_tool_use(
+            PreToolUseContext(session_id=self.session_id, tool_name=name, tool_args=args, step=step)
+        )
+        reminders = tuple(render_system_reminder(c) for c in pre.tagged_contexts)
+        final = pre.final_args
+        if isinstance(pre.action, Block):
+            reason = "; ".join(f"{b.hook_name}: {b.reason}" for b in pre.blocking_errors)
+            await self._denied(name, reason, PermissionDenialSource.RULE)
+            cancelled = any(b.hook_name == CANCELLATION_HOOK for b in pre.blocking_errors)
+            return Verdict(final, f"Tool call blocked by a hook. {reason}", reminders, cancelled)
+        if isinstance(pre.action, PermissionRequired):
+            reason = f"{pre.action.permission} ({pre.action.tool_name})"
+            asked = await self.hooks.run_on_permission_request(
+                PermissionRequestContext(
+                    session_id=self.session_id,
+                    tool_name=name,
+                    tool_args=dict(final),
+                    current_decision=PermissionDecision.ASK,
+                    permission_mode="default",
+                )
+            )
+            reminders += tuple(render_system_reminder(c) for c in asked.tagged_contexts)
+            decision, source = PermissionDecision.ASK, PermissionDenialSource.RULE
+            if isinstance(asked.action, Override):
+                decision, why = asked.action.decision, asked.action.reason
+                reason = f"{asked.overridden_by}: {why}" if why else str(asked.overridden_by)
+            if decision == PermissionDecision.ASK:
+                decision, reason, source = await _ask(approver, name, final, reason)
+            if decision == PermissionDecision.DENY:
+                await self._denied(name, reason, source)
+            if decision != PermissionDecision.ALLOW:
+                return Verdict(final, f"Permission denied: {reason}", reminders)
+        return Verdict(final, None, reminders)
+
+    async def _denied(self, name: str, reason: str, source: PermissionDenialSource) -> None:
+        await self.hooks.run_on_permission_denied(
+            PermissionDeniedContext(
+                session_id=self.session_id, tool_name=name, reason=reason, source=source
+            )
+        )
 
     async def _redis_down(self) -> str | None:
         """Why Redis cannot be reached (None when it answers a PING): a call is then refused
@@ -447,7 +533,7 @@ async def serve_stdio(
             "MCP session %s: %s's tools as mcp__%s__*",
             proxy.session_id,
             init.server_info.name,
-            _normalise(server_name),
+            normalise(server_name),
         )
 
         async def the_proxy(ctx: Any) -> McpProxy | str:
@@ -478,127 +564,3 @@ async def serve_stdio(
                     await proxy.stop(terminal)
                 except Exception as exc:
                     log.warning("OnSessionStop not delivered: %s", exc)
-
-
-# -- Streamable HTTP ------------------------------------------------------------------------------
-
-
-class HttpSessions:
-    """The MCP sessions of ``hookbus mcp --http``: each HTTP session (``Mcp-Session-Id``) is a
-    HookBus session of the tenant whose bearer token opened it, ``<tenant>/mcp-<id>`` (as the
-    gateway scopes a tenant's sessions), all in front of one upstream server. OnSessionStart at
-    its first request after ``initialize``, OnSessionStop when the session ends (the client's
-    DELETE, the idle timeout)."""
-
-    def __init__(self, hooks: EventRunner, upstream: ClientSession, server: str, tokens: Any):
-        self.hooks = hooks
-        self.upstream = upstream
-        self.server = server
-        self.tokens = tokens
-        self.sessions: dict[str, McpProxy] = {}
-
-    async def proxy_of(self, ctx: Any) -> McpProxy | str:
-        request = getattr(ctx, "request", None)
-        headers = getattr(request, "headers", {})
-        tenant = self.tokens.tenant(headers.get("authorization"))
-        if tenant is None:  # checked before the SDK saw the request; revoked since
-            return "the bearer token is not accepted"
-        http_id = headers.get("mcp-session-id")
-        if not http_id:
-            return "no MCP session (Mcp-Session-Id): initialize first"
-        proxy = self.sessions.get(http_id)
-        if proxy is None:
-            proxy = McpProxy(self.hooks, self.upstream, self.server, f"{tenant}/mcp-{http_id}")
-            self.sessions[http_id] = proxy
-            await proxy.start()
-            log.info("MCP session %s (tenant %s)", proxy.session_id, tenant)
-        elif not proxy.session_id.startswith(f"{tenant}/"):
-            return "this MCP session belongs to another tenant"
-        return proxy
-
-    async def ended(self, http_id: str) -> None:
-        proxy = self.sessions.pop(http_id, None)
-        if proxy is None:
-            return
-        with anyio.move_on_after(SESSION_END_SECS, shield=True):
-            try:
-                await proxy.stop()
-            except Exception as exc:
-                log.warning("OnSessionStop of %s not delivered: %s", proxy.session_id, exc)
-
-    async def end_all(self) -> None:
-        for http_id in list(self.sessions):
-            await self.ended(http_id)
-
-
-def http_app(server: Server[Any], sessions: HttpSessions, path: str = "/mcp") -> Any:
-    """The Starlette app: ``path`` served by the SDK's Streamable HTTP session manager, every
-    request first checked for a tenant's bearer token (401 without one)."""
-    from mcp.server.streamable_http_manager import (
-        StreamableHTTPASGIApp,
-        StreamableHTTPSessionManager,
-    )
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
-    class Manager(StreamableHTTPSessionManager):
-        async def _discard_session(self, session_id: str, transport: Any) -> None:
-            await super()._discard_session(session_id, transport)
-            await sessions.ended(session_id)
-
-    manager = Manager(app=server)
-    inner = StreamableHTTPASGIApp(manager)
-
-    class Guarded:  # an ASGI app (a class instance: Starlette's Route calls it as one)
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            headers = {
-                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
-            }
-            if sessions.tokens.tenant(headers.get("authorization")) is None:
-                response = JSONResponse(
-                    {"error": "a tenant's bearer token is needed (Authorization: Bearer <token>)"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await response(scope, receive, send)
-                return
-            await inner(scope, receive, send)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with manager.run():
-            try:
-                yield
-            finally:
-                await sessions.end_all()
-
-    return Starlette(routes=[Route(path, endpoint=Guarded())], lifespan=lifespan)
-
-
-async def serve_http(
-    hooks: EventRunner,
-    command: Sequence[str],
-    tokens: Any,
-    *,
-    name: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8788,
-) -> None:
-    """Serve MCP over Streamable HTTP at ``http://host:port/mcp``, ``command`` behind it."""
-    import uvicorn
-
-    async with upstream_stdio(command) as (upstream, init):
-        server_name = name or init.server_info.name
-        sessions = HttpSessions(hooks, upstream, server_name, tokens)
-        server = build_server(upstream, init, sessions.proxy_of)
-        app = http_app(server, sessions)
-        log.info(
-            "serving %s's tools as mcp__%s__* on http://%s:%d/mcp",
-            init.server_info.name,
-            _normalise(server_name),
-            host,
-            port,
-        )
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-        await uvicorn.Server(config).serve()
