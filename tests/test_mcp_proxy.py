@@ -399,3 +399,26 @@ async def test_permission_asked_of_the_user_by_elicitation(
     assert len(asked) == 2
     assert "mcp__filesystem__move_file needs your permission (move files" in asked[0]
     assert "hello.txt" in asked[0]
+
+
+async def test_started_without_redis_lists_tools_and_refuses_calls(
+    server_bin: Path, folder: Path
+) -> None:
+    """Redis never reachable: the client still gets the server's tools (tools/list passes
+    through), and every tools/call is refused with the reason, the server never called."""
+    settings = BusSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", prefix="mcpnone")
+    async with (
+        session(proxy_command(server_bin, folder), settings) as proxied,
+        session([str(server_bin), str(folder)]) as plain,
+    ):
+        listed = json.loads(wire(await proxied.list_tools()))
+        assert listed == json.loads(wire(await plain.list_tools()))
+        write = {"path": str(folder / "new.txt"), "content": "x"}
+        for name, args in [
+            ("read_text_file", {"path": str(folder / "hello.txt")}),
+            ("write_file", write),
+        ]:
+            result = await proxied.call_tool(name, args)
+            assert result.is_error
+            assert "Tool call refused by HookBus: Redis unreachable" in text_of(result)
+        assert not (folder / "new.txt").exists()
