@@ -315,12 +315,14 @@ async def test_streamable_http_per_tenant(
     bus_settings: BusSettings, procs: Any, server_bin: Path, folder: Path, tmp_path: Path
 ) -> None:
     """``hookbus mcp --http``: a tenant's bearer token opens a session, whose calls the hooks
-    decide as over stdio, as the tenant's session (``<tenant>/mcp-…``); no token: 401."""
+    decide as over stdio, as the tenant's session (``<tenant>/mcp-…``); no token, a forged
+    one, or one of a tenant the bus does not serve: 401."""
     import httpx2
 
     await start_hooks(procs, bus_settings)
     tokens = tmp_path / "tokens"
     token = new_token(tokens, "team-a", bus_settings)
+    unserved = new_token(tokens, "team-b")  # a token, but not a tenant the bus serves
     port = free_port()
     env = worker_env(bus_settings)
     command = proxy_command(server_bin, folder)[3:]  # mcp --name filesystem -- …
@@ -348,9 +350,9 @@ async def test_streamable_http_per_tenant(
     async with httpx2.AsyncClient() as http:
         answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert answer.status_code == 401
-        forged = {"Authorization": "Bearer not-a-token"}
-        answer = await http.post(url, json={}, headers=forged)
-        assert answer.status_code == 401
+        for bearer in ("not-a-token", unserved):
+            answer = await http.post(url, json={}, headers={"Authorization": f"Bearer {bearer}"})
+            assert answer.status_code == 401, bearer
 
     keys = Keys.of(bus_settings)
 

@@ -5,10 +5,14 @@ the MCP session runs on stdin/stdout, and this process's log goes to stderr."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from typing import Any
 
 from workers.cli.common import add_redis_options, settings_of
+
+log = logging.getLogger("hookbus.mcp")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,22 +71,64 @@ def _mcp(args: argparse.Namespace) -> int:
     from workers.integrations.mcp_proxy import serve_stdio
 
     settings = settings_of(args)
-    tokens = None
+    access = None
     if args.http:
-        from workers.services.gateway import Tokens
+        from workers.services.gateway import TokenFile, Tokens
 
-        tokens = Tokens.load(args.tokens)  # a ConfigError (one line) without a usable file
+        if not args.tokens:
+            Tokens.load(None)  # the gateway's one-line ConfigError: how to make a token file
+        access = Access(TokenFile(args.tokens))
 
     async def run() -> None:
         async with HookClient(settings, source="mcp") as hooks:
-            if tokens is not None:
-                from workers.integrations.mcp_http import serve_http
-
-                await serve_http(
-                    hooks, command, tokens, name=args.name, host=args.host, port=args.port
-                )
-            else:
+            if access is None:
                 await serve_stdio(hooks, command, args.name, args.session)
+                return
+            from workers.integrations.mcp_http import serve_http
+
+            await access.read_tenants(hooks)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(access.keep_current, hooks)
+                await serve_http(
+                    hooks, command, access, name=args.name, host=args.host, port=args.port
+                )
+                tg.cancel_scope.cancel()
 
     anyio.run(run)
     return 0
+
+
+class Access:
+    """Who may use ``hookbus mcp --http``, as for the gateway: a token of the token file (read
+    again when it changes) whose tenant the bus serves (``hookbus tenants add``; until a first
+    read of ``{p}:tenants``, every tenant with a token)."""
+
+    def __init__(self, token_file: Any) -> None:
+        from workers.services.gateway import ServedTenants
+
+        self.token_file = token_file
+        self.served = ServedTenants()
+
+    def tenant(self, authorization: str | None) -> str | None:
+        tenant: str | None = self.token_file.tokens.tenant(authorization)
+        return tenant if tenant is not None and self.served.serves(tenant) else None
+
+    async def read_tenants(self, hooks: Any) -> None:
+        import anyio
+
+        try:
+            with anyio.fail_after(2.0):
+                await self.served.read(hooks.redis, hooks.keys.tenants)
+        except Exception as exc:  # Redis unreachable: the last list read stays
+            log.warning("cannot read the tenants the bus serves: %r", exc)
+
+    async def keep_current(self, hooks: Any) -> None:
+        """Follow ``{p}:tenants`` and the token file until cancelled."""
+        import anyio
+
+        from workers.services.gateway import Gateway
+
+        while True:
+            await anyio.sleep(Gateway.TENANTS_REFRESH_SECS)
+            await self.read_tenants(hooks)
+            self.token_file.check()
