@@ -67,7 +67,7 @@ redis-check:
 # own, tests/claude_cli: its binary is an optional dependency per platform, so it is installed
 # with optional dependencies.
 .PHONY: node-deps
-node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json tests/claude_cli/node_modules/.package-lock.json
+node-deps: examples/node/node_modules/.package-lock.json examples/claude-code/node_modules/.package-lock.json tests/claude_cli/node_modules/.package-lock.json tests/mcp_server/node_modules/.package-lock.json
 
 examples/node/node_modules/.package-lock.json: examples/node/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20.15 and npm (for examples/node)"; exit 1; }
@@ -86,7 +86,13 @@ tests/claude_cli/node_modules/.package-lock.json: tests/claude_cli/package-lock.
 	  { echo "tests/claude_cli: Claude Code's CLI did not install its native binary for this platform"; exit 1; }
 	@touch $@
 
-bench: $(DEV)
+# The reference MCP filesystem server that tests/test_mcp_proxy.py puts behind `hookbus mcp`.
+tests/mcp_server/node_modules/.package-lock.json: tests/mcp_server/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make test needs Node.js >= 20 and npm (for tests/mcp_server: the MCP filesystem server)"; exit 1; }
+	npm ci --prefix tests/mcp_server --no-audit --no-fund
+	@touch $@
+
+bench: $(DEV) tests/mcp_server/node_modules/.package-lock.json
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:

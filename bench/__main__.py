@@ -20,6 +20,7 @@ MODULES = [
     "bench.concurrency",
     "bench.tracing_cost",
     "bench.frameworks",
+    "bench.mcp_proxy",
     "bench.cluster",
 ]
 PLOTS = "bench.plots"  # runs last, on the results of the modules above

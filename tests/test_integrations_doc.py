@@ -28,6 +28,7 @@ from workers.local.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "integrations.md"
+MCP_BIN = ROOT / "tests" / "mcp_server" / "node_modules" / ".bin"
 BLOCK = re.compile(r"^```sh\n(.*?)^```\n(?:\n```text\n(.*?)^```\n)?", re.S | re.M)
 
 
@@ -51,6 +52,7 @@ def test_every_section_opens_with_a_start_that_shows_its_output() -> None:
         "OpenAI Agents SDK",
         "LangChain and LangGraph",
         "Policies without code",
+        "MCP clients",
     ]
     assert all(expected for _, _, expected in found), "each start shows what it prints"
 
@@ -80,7 +82,8 @@ def test_copy_paste_start(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOOKBUS_")}
     env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        # the virtualenv's commands; the MCP filesystem server (tests/mcp_server, node-deps)
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), str(MCP_BIN), env.get("PATH", "")]),
         HOOKBUS_REDIS_URL=redis_server.url,
         HOOKBUS_PREFIX=f"doc{uuid.uuid4().hex[:8]}",
         HOOKBUS_GATEWAY_PORT=str(port),

@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bus.errors import HookBusError
 from bus.logfmt import formatter
-from workers.cli import check, deploy, operate, policy, schema, serve
+from workers.cli import check, deploy, mcp, operate, policy, schema, serve
 from workers.cli.common import redis_url
 
 __all__ = ["build_parser", "main"]
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     operate.register(sub)
     deploy.register(sub)
     policy.register(sub)
+    mcp.register(sub)
     _verbose_everywhere(sub)
     return parser
 
