@@ -19,13 +19,13 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from agent_adapter.client import HookClient
+from agent_adapter.integrations.mcp_proxy import McpProxy, upstream_stdio
 from bus import HookRegistry
 from bus.settings import BusSettings
 from bus.transport.keys import Keys
 from tests.harness import ROOT, wait_for, wait_live, worker_env
 from tests.mcp_hooks import TextOnlyRedactor
 from tests.test_gateway import new_token
-from workers.integrations.mcp_proxy import McpProxy, upstream_stdio
 from workers.local.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.redis

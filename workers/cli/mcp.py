@@ -1,5 +1,5 @@
 """``hookbus mcp -- SERVER COMMAND …``: an MCP server proxied through HookBus, for any MCP
-client (workers/integrations/mcp_proxy.py). The client launches this in place of the server;
+client (agent_adapter/integrations/mcp_proxy.py). The client launches this in place of the server;
 the MCP session runs on stdin/stdout, and this process's log goes to stderr."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _mcp(args: argparse.Namespace) -> int:
     import anyio
 
     from agent_adapter.client import HookClient
-    from workers.integrations.mcp_proxy import serve_stdio
+    from agent_adapter.integrations.mcp_proxy import serve_stdio
 
     settings = settings_of(args)
     access = None
@@ -84,7 +84,7 @@ def _mcp(args: argparse.Namespace) -> int:
             if access is None:
                 await serve_stdio(hooks, command, args.name, args.session)
                 return
-            from workers.integrations.mcp_http import serve_http
+            from agent_adapter.integrations.mcp_http import serve_http
 
             await access.read_tenants(hooks)
             async with anyio.create_task_group() as tg:

@@ -1,4 +1,4 @@
-"""``hookbus mcp --http``: the MCP proxy (workers/integrations/mcp_proxy.py) over Streamable
+"""``hookbus mcp --http``: the MCP proxy (agent_adapter/integrations/mcp_proxy.py) over Streamable
 HTTP, for clients that connect to a URL and for one proxy shared by a team.
 
 Every request needs a tenant's bearer token (the gateway's token file, ``Tokens``: 401 before
@@ -18,14 +18,14 @@ import anyio
 from mcp.client.session import ClientSession
 from mcp.server.lowlevel.server import Server
 
-from bus import EventRunner
-from workers.integrations.mcp_proxy import (
+from agent_adapter.integrations.mcp_proxy import (
     SESSION_END_SECS,
     McpProxy,
     build_server,
     normalise,
     upstream_stdio,
 )
+from bus import EventRunner
 
 __all__ = ["HttpSessions", "http_app", "serve_http"]
 

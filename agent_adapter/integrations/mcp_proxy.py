@@ -6,7 +6,7 @@ official SDK, ``mcp`` on PyPI). Over stdio the client launches it in place of th
     hookbus mcp --name filesystem -- npx @modelcontextprotocol/server-filesystem /srv/docs
 
 and with ``--http`` it serves Streamable HTTP, a bearer token per tenant (the gateway's token
-file), every client session in front of one server process (workers/integrations/mcp_http.py).
+file), every client session in front of one server process (agent_adapter/integrations/mcp_http.py).
 
 What is hooked:
 
@@ -65,24 +65,18 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 
+from agent_adapter.executor import Approver
+from agent_adapter.integrations.gate import ToolGate, Verdict
 from bus import (
-    Block,
     EventRunner,
-    Override,
-    PermissionDecision,
-    PermissionDenialSource,
-    PermissionDeniedContext,
-    PermissionRequestContext,
-    PermissionRequired,
     PostToolUseContext,
     PostToolUseFailureContext,
-    PreToolUseContext,
     SessionStartContext,
     SessionStopContext,
     TurnTerminal,
     render_system_reminder,
 )
-from bus.actions import shape_mismatch
+from bus.actions import PostToolUseResult, shape_mismatch
 from workers.builtins.cancellation import RedisCancellationHook
 
 __all__ = ["McpProxy", "build_server", "qualified_name", "serve_stdio", "upstream_stdio"]
@@ -124,43 +118,8 @@ def _text_result(text: str, *, is_error: bool = True) -> types.CallToolResult:
     )
 
 
-#: Asks the user about a call that needs permission: (tool, arguments, reason) → True (allow),
-#: False (refuse) or None (no answer). agent_adapter's ``Approver``, defined here as well (an
-#: integration does not import the agent side).
-Approver = Callable[[str, Any, str], Awaitable[bool | None]]
-
 #: The hook whose Block means "this session was cancelled" (``hookbus cancel``).
 CANCELLATION_HOOK = RedisCancellationHook.name
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What PreToolUse (and permission) decided about one call."""
-
-    args: dict[str, Any]  # the arguments to call the server with
-    refusal: str | None  # set: do not call the server; this is the result's text
-    reminders: tuple[str, ...] = ()
-    cancelled: bool = False  # the CancellationHook blocked it: the session is over
-
-
-async def _ask(
-    approver: Approver | None, name: str, args: Any, reason: str
-) -> tuple[PermissionDecision, str, PermissionDenialSource]:
-    if approver is None:
-        return PermissionDecision.DENY, f"{reason} (nobody to ask)", PermissionDenialSource.TIMEOUT
-    try:
-        with anyio.fail_after(APPROVAL_SECS):
-            answer = await approver(name, args, reason)
-    except TimeoutError:
-        answer = None
-    except Exception as exc:  # the client failed the elicitation
-        log.warning("asking the user about %s failed: %s", name, exc)
-        answer = None
-    if answer is None:
-        return PermissionDecision.DENY, f"{reason} (no answer)", PermissionDenialSource.TIMEOUT
-    if answer:
-        return PermissionDecision.ALLOW, reason, PermissionDenialSource.USER
-    return PermissionDecision.DENY, f"{reason} (the user said no)", PermissionDenialSource.USER
 
 
 @dataclass
@@ -236,47 +195,9 @@ class McpProxy:
         self, name: str, args: dict[str, Any], step: int, approver: Approver | None
     ) -> Verdict:
         """PreToolUse, and on PermissionRequired the PermissionRequest hooks, then the user
-        (``approver``): as agent_adapter's ToolGate does for the framework adapters."""
-        pre = await self.hooks.run_pre_tool_use(
-            PreToolUseContext(session_id=self.session_id, tool_name=name, tool_args=args, step=step)
-        )
-        reminders = tuple(render_system_reminder(c) for c in pre.tagged_contexts)
-        final = pre.final_args
-        if isinstance(pre.action, Block):
-            reason = "; ".join(f"{b.hook_name}: {b.reason}" for b in pre.blocking_errors)
-            await self._denied(name, reason, PermissionDenialSource.RULE)
-            cancelled = any(b.hook_name == CANCELLATION_HOOK for b in pre.blocking_errors)
-            return Verdict(final, f"Tool call blocked by a hook. {reason}", reminders, cancelled)
-        if isinstance(pre.action, PermissionRequired):
-            reason = f"{pre.action.permission} ({pre.action.tool_name})"
-            asked = await self.hooks.run_on_permission_request(
-                PermissionRequestContext(
-                    session_id=self.session_id,
-                    tool_name=name,
-                    tool_args=dict(final),
-                    current_decision=PermissionDecision.ASK,
-                    permission_mode="default",
-                )
-            )
-            reminders += tuple(render_system_reminder(c) for c in asked.tagged_contexts)
-            decision, source = PermissionDecision.ASK, PermissionDenialSource.RULE
-            if isinstance(asked.action, Override):
-                decision, why = asked.action.decision, asked.action.reason
-                reason = f"{asked.overridden_by}: {why}" if why else str(asked.overridden_by)
-            if decision == PermissionDecision.ASK:
-                decision, reason, source = await _ask(approver, name, final, reason)
-            if decision == PermissionDecision.DENY:
-                await self._denied(name, reason, source)
-            if decision != PermissionDecision.ALLOW:
-                return Verdict(final, f"Permission denied: {reason}", reminders)
-        return Verdict(final, None, reminders)
-
-    async def _denied(self, name: str, reason: str, source: PermissionDenialSource) -> None:
-        await self.hooks.run_on_permission_denied(
-            PermissionDeniedContext(
-                session_id=self.session_id, tool_name=name, reason=reason, source=source
-            )
-        )
+        (``approver``): agent_adapter's ToolGate, as for the framework adapters."""
+        gate = ToolGate(self.hooks, approver=approver, approval_timeout=APPROVAL_SECS)
+        return await gate.before(self.session_id, name, args, step=step)
 
     async def _redis_down(self) -> str | None:
         """Why Redis cannot be reached (None when it answers a PING): a call is then refused
@@ -336,16 +257,7 @@ class McpProxy:
         notes = [*reminders, *(render_system_reminder(c) for c in post.tagged_contexts)]
         notes += [render_system_reminder(w) for w in post.warnings]
         if result.is_error:
-            failure = await self.hooks.run_on_post_tool_use_failure(
-                PostToolUseFailureContext(
-                    session_id=self.session_id,
-                    tool_name=name,
-                    error_message=final,
-                    step=step,
-                    elapsed_ms=elapsed_ms,
-                    tool_args=args,
-                )
-            )
+            failure = await self._failure(name, args, final, elapsed_ms, step)
             final = failure.final_content
             notes += [render_system_reminder(c) for c in failure.tagged_contexts]
             notes += [render_system_reminder(w) for w in failure.warnings]
@@ -373,21 +285,27 @@ class McpProxy:
             }
         )
 
+    async def _failure(
+        self, name: str, args: dict[str, Any], error: str, elapsed_ms: float, step: int
+    ) -> PostToolUseResult:
+        """PostToolUseFailure hooks on a call that failed with ``error``."""
+        return await self.hooks.run_on_post_tool_use_failure(
+            PostToolUseFailureContext(
+                session_id=self.session_id,
+                tool_name=name,
+                error_message=error,
+                step=step,
+                elapsed_ms=elapsed_ms,
+                tool_args=args,
+            )
+        )
+
     async def _failed(
         self, name: str, args: dict[str, Any], error: str, t0: float, step: int
     ) -> types.CallToolResult:
         elapsed = (time.perf_counter() - t0) * 1000
         try:
-            failure = await self.hooks.run_on_post_tool_use_failure(
-                PostToolUseFailureContext(
-                    session_id=self.session_id,
-                    tool_name=name,
-                    error_message=error,
-                    step=step,
-                    elapsed_ms=elapsed,
-                    tool_args=args,
-                )
-            )
+            failure = await self._failure(name, args, error, elapsed, step)
         except Exception as exc:
             return _text_result(WITHHELD.format(reason=f"the hooks could not inspect it ({exc})"))
         notes = [render_system_reminder(c) for c in failure.tagged_contexts]
@@ -426,12 +344,16 @@ def elicitation_approver(ctx: Any) -> Approver | None:
         shown = msgspec.json.encode(args).decode()
         if len(shown) > 2000:
             shown = shown[:2000] + "…"
-        answer = await session.elicit_form(
-            f"HookBus: {tool} needs your permission ({reason}).\nArguments: {shown}\n"
-            "Accept to run it, decline to refuse it.",
-            {"type": "object", "properties": {}},
-            related_request_id=getattr(ctx, "request_id", None),
-        )
+        try:
+            answer = await session.elicit_form(
+                f"HookBus: {tool} needs your permission ({reason}).\nArguments: {shown}\n"
+                "Accept to run it, decline to refuse it.",
+                {"type": "object", "properties": {}},
+                related_request_id=getattr(ctx, "request_id", None),
+            )
+        except Exception as exc:  # the client failed the elicitation: no answer
+            log.warning("asking the user about %s failed: %s", tool, exc)
+            return None
         return {"accept": True, "decline": False}.get(answer.action)
 
     return approve
