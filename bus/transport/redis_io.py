@@ -40,6 +40,7 @@ from bus.errors import ConfigError, HookRetired, RedisAuthError
 from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, cluster_seeds
+from bus.telemetry import tracing as telemetry
 from bus.transport.directory import read_manifest
 from bus.transport.keys import DLQ_DATA_BYTES, DLQ_MAXLEN, Keys
 
@@ -920,3 +921,5 @@ class CutWatch:
                     "%d dead letters of %s cut by its cap (MAXLEN ~%d), %d in all: see "
                     "hookbus dlq list", cut - before, stream, DLQ_MAXLEN, cut,
                 )  # fmt: skip
+                # counted with the other losses: hookbus.entries.lost{hook.name="dead letters"}
+                telemetry.count_lost("dead letters", stream, cut - before)
