@@ -183,8 +183,8 @@ class Coordinator(EventRunner):
         #: Calls, per hook, dispatched while every live replica of the hook was skewed.
         self.skewed_calls: dict[str, int] = {}
         self._waiting: dict[str, asyncio.Future[Any]] = {}
-        self._asked: dict[str, str] = {}  # request id → the hook asked (only it may answer)
-        self._bounds: dict[str, int] = {}  # request id → the largest reply read for it
+        #: request id → the hook asked (only it may answer) and the largest reply read for it
+        self._asked: dict[str, tuple[str, int]] = {}
         self._by_bound: dict[int, int] = {}  # reply bound → how many pending requests have it
         self._read_count = READ_COUNT
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
@@ -589,8 +589,7 @@ class Coordinator(EventRunner):
         payload = encode(request)  # LimitError: this hook fails, under its policy
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[request.id] = future
-        self._asked[request.id] = hook
-        self._bounds[request.id] = bound
+        self._asked[request.id] = (hook, bound)
         self._by_bound[bound] = self._by_bound.get(bound, 0) + 1
         future.add_done_callback(lambda _: self._forget(request.id))
         stream = self.directory.requests(hook, request.session_id)
@@ -599,9 +598,9 @@ class Coordinator(EventRunner):
 
     def _forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
-        self._asked.pop(request_id, None)
-        bound = self._bounds.pop(request_id, None)
-        if bound is not None:
+        asked = self._asked.pop(request_id, None)
+        if asked is not None:
+            bound = asked[1]
             left = self._by_bound[bound] - 1
             if left:
                 self._by_bound[bound] = left
@@ -760,7 +759,7 @@ class Coordinator(EventRunner):
         if future is None or future.done():
             self.stats["late_replies"] += 1
             return
-        asked = self._asked.get(reply.request_id)
+        asked, _ = self._asked.get(reply.request_id, (None, 0))
         if reply.hook != asked:  # only the hook asked may answer: a forged or misrouted reply
             self.stats["forged_replies"] += 1
             _failures.warning(
@@ -790,7 +789,7 @@ class Coordinator(EventRunner):
         found = _REQUEST_ID.search(data, 0, _HEAD_BYTES)
         request_id = found[1].decode() if found is not None else ""
         hook = None
-        if request_id not in self._bounds:
+        if request_id not in self._asked:
             try:
                 head = _reply_head(data)
             except Exception:  # malformed, or nested past what msgspec skips: not read further
@@ -800,12 +799,11 @@ class Coordinator(EventRunner):
                 )
                 return None
             request_id, hook = head.request_id, head.hook
-        bound = self._bounds.get(request_id)
         future = self._waiting.get(request_id)
-        if bound is None or future is None or future.done():
+        if request_id not in self._asked or future is None or future.done():
             self.stats["late_replies"] += 1
             return None
-        asked = self._asked.get(request_id)
+        asked, bound = self._asked[request_id]
         if size > bound:
             self._oversized(size, bound, f" to a request for hook {asked!r}")
             return None
