@@ -70,7 +70,7 @@ def main(out: Path) -> None:
                 redis_url=redis.url, prefix=f"t{uuid.uuid4().hex[:10]}", heartbeat_secs=0.2,
                 liveness_secs=1.0, claim_idle_secs=0.5, refresh_secs=0.2,
             )  # fmt: skip
-            procs.worker(settings, "workers.integrations.mcp_guards:McpSecretGuard", "guard")
+            procs.worker(settings, "workers.builtins.mcp_guards:McpSecretGuard", "guard")
             procs.worker(settings, "workers.builtins.demo_hooks:Redactor", "redactor")
             live(settings, "McpSecretGuard")
             live(settings, "Redactor")

@@ -84,7 +84,7 @@ def text_of(result: Any) -> str:
 
 
 async def start_hooks(procs: Any, settings: BusSettings) -> None:
-    procs.worker(settings, "workers.integrations.mcp_guards:McpSecretGuard", "guard")
+    procs.worker(settings, "workers.builtins.mcp_guards:McpSecretGuard", "guard")
     procs.worker(settings, "workers.builtins.demo_hooks:Redactor", "redactor")
     async with HookClient(settings) as client:
         await wait_live(client, "McpSecretGuard", "Redactor")

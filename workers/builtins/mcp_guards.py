@@ -5,7 +5,7 @@ server's tools have other names and arguments (the filesystem server's ``read_te
 takes ``path``, ``read_multiple_files`` takes ``paths``, ``move_file`` ``source`` and
 ``destination``). ``McpSecretGuard`` is the same guard over every MCP server's tools::
 
-    hookbus worker workers.integrations.mcp_guards:McpSecretGuard
+    hookbus worker workers.builtins.mcp_guards:McpSecretGuard
 """
 
 from __future__ import annotations
