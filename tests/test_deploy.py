@@ -1200,7 +1200,10 @@ class Raw:
 
     def line(self) -> bytes:
         while b"\r\n" not in self.buffer:
-            chunk = self.sock.recv(4096)
+            try:
+                chunk = self.sock.recv(4096)
+            except ConnectionResetError:  # closed by Redis before our PING reached it: a reset
+                return b"(closed)"
             if not chunk:
                 return b"(closed)"
             self.buffer += chunk
@@ -1208,7 +1211,10 @@ class Raw:
         return line
 
     def call(self, *args: str) -> bytes:
-        self.send(*args)
+        try:
+            self.send(*args)
+        except (BrokenPipeError, ConnectionResetError):  # Redis closed it already
+            return b"(closed)"
         return self.line()
 
     def close(self) -> None:
