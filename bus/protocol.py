@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 import msgspec
 
@@ -31,6 +31,17 @@ from bus.matcher import ToolMatchFilter
 PROTOCOL_VERSION = 3
 #: The stream entry field that holds the JSON message.
 DATA_FIELD = "data"
+#: The bounds of ``DecisionRequest.timeout_ms`` (docs/protocol.md 3.5): a request outside them
+#: is answered with an error reply naming ``$.timeout_ms``. Under 1 ms it would expire before
+#: any hook ran (it used to be dropped without a word); past an hour it is a unit mistake (µs, or
+#: seconds × 10⁶), and an unanswered request would be taken over and answered long after its
+#: agent gave up.
+MIN_TIMEOUT_MS = 1
+MAX_TIMEOUT_MS = 3_600_000
+TimeoutMs = Annotated[int, msgspec.Meta(ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS)]
+#: A session id an agent cancels: never empty (it would name no session, or for a tenant the
+#: bare ``TENANT/``).
+CancelledSession = Annotated[str, msgspec.Meta(min_length=1)]
 
 T = TypeVar("T")
 
@@ -168,7 +179,7 @@ class DecisionRequest(_Envelope, frozen=True, kw_only=True):
     event: HookEvent
     context: msgspec.Raw
     reply_to: str  # list key for the DecisionReply
-    timeout_ms: int = 30_000  # how long the agent will wait; the dispatch stays within it
+    timeout_ms: TimeoutMs = 30_000  # how long the agent will wait; the dispatch stays within it
 
 
 class CancelRequest(_Envelope, frozen=True, kw_only=True):
@@ -177,7 +188,7 @@ class CancelRequest(_Envelope, frozen=True, kw_only=True):
     the cancellation's TTL ends. Nothing lifts it early but an operator."""
 
     op: Literal["cancel"]
-    session_id: str
+    session_id: CancelledSession
     reply_to: str
 
 

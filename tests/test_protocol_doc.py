@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
+import signal
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +20,16 @@ import yaml
 from redis import Redis
 
 from bus import HookEvent
+from bus.errors import ProtocolError
 from bus.events import PostToolUseContext, PreToolUseContext, SessionStopContext
 from bus.events import TurnTerminal as Terminal
 from bus.hooks import AgentHook, AsyncAgentHook, DeliveredEvent, spec_of
 from bus.protocol import (
+    MAX_TIMEOUT_MS,
+    MIN_TIMEOUT_MS,
+    PROTOCOL_VERSION,
     AuditRecord,
+    CancelRequest,
     DecisionReply,
     DecisionRequest,
     EventMessage,
@@ -31,7 +39,9 @@ from bus.protocol import (
     now_ms,
     raw,
 )
+from bus.schema import json_schemas
 from bus.settings import BusSettings
+from bus.transport.clock import MAX_SKEW_MS
 from bus.transport.keys import Keys
 from tests.harness import ROOT, Processes, until, worker_env
 from tests.remote_hooks import HookConfig
@@ -43,6 +53,7 @@ from workers.builtins.redaction import Redaction
 from workers.services.loading import import_target, load_hook
 
 PROTOCOL = (ROOT / "docs" / "protocol.md").read_text()
+HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
 MODULE_CLASS = re.compile(r"\b((?:[a-z_]+\.)+[a-z_]+):([A-Z]\w+)\b")
 
 
@@ -362,3 +373,184 @@ def test_the_audit_rows_hold_what_section_6_10_says() -> None:
     )
     assert glass[1] == "" and glass[4] == "BREAKGLASS_ON"
     assert glass[5] == f"ops: INC-1 (until {when})"
+
+
+# -- issue 35, item 15: what a client written from the document alone ran into ---------------
+
+
+def test_the_envelope_names_the_version_this_side_speaks() -> None:
+    (row,) = [r for r in table(section("1.3"), "field") if r[0] == "`v`"]
+    assert row[2] == f"default `{PROTOCOL_VERSION}`" and f"its own (`{PROTOCOL_VERSION}`)" in row[3]
+
+
+def test_the_timeout_ms_bounds_in_3_5_are_the_codes() -> None:
+    (row,) = [r for r in table(section("3.5"), "field") if r[0] == "`timeout_ms`"]
+    bounds = [int(n.replace(" ", "")) for n in re.findall(r"\*\*([\d ]+)\*\*", row[1])]
+    assert bounds == [MIN_TIMEOUT_MS, MAX_TIMEOUT_MS]
+    assert "`MIN_TIMEOUT_MS`, `MAX_TIMEOUT_MS` in `bus/protocol.py`" in row[1]
+    schema = json_schemas()["DecisionRequest.json"]["$defs"]["DecisionRequest"]["properties"]
+    assert (schema["timeout_ms"]["minimum"], schema["timeout_ms"]["maximum"]) == (
+        MIN_TIMEOUT_MS,
+        MAX_TIMEOUT_MS,
+    )
+    assert "never dropped" in row[3] and "`$.timeout_ms`" in row[3]
+    # ts: replaced by the time Redis took the request when it is off by more than the bound.
+    (envelope,) = [r for r in table(section("3.5"), "field") if r[0].startswith("`v`, `id`, `ts`")]
+    assert f"more than {MAX_SKEW_MS // 1000} s (`MAX_SKEW_MS`)" in envelope[3]
+    assert "`agent_clock_skewed`" in envelope[3]
+    checklist = " ".join(PROTOCOL[PROTOCOL.index("## 10. Checklists") :].split())
+    assert f"wait, {MIN_TIMEOUT_MS} to {MAX_TIMEOUT_MS:_} ms".replace("_", " ") in checklist
+
+
+def rejections() -> dict[str, tuple[list[str], str]]:
+    """Section 8.1's rows for the bounds: what is checked → (the error texts, the field)."""
+    rows = table(section("8.1"), "stage")
+    return {
+        check: (re.findall(r"`` (.*?) ``", error), field.strip("`"))
+        for _, check, error, field in rows
+        if check.startswith("bounds:")
+    }
+
+
+def test_section_8_1_gives_the_errors_decoding_raises_for_the_bounds() -> None:
+    (timeout, session) = rejections().values()
+    request = {"id": "r", "ts": 1, "event": "PreToolUse", "context": {}, "reply_to": "x"}
+    for value, error in zip((0, MAX_TIMEOUT_MS + 1), timeout[0], strict=True):
+        with pytest.raises(ProtocolError) as raised:
+            decode(json.dumps({**request, "timeout_ms": value}), DecisionRequest)
+        assert (str(raised.value), raised.value.field) == (error, timeout[1])
+    with pytest.raises(ProtocolError) as raised:
+        decode('{"id":"c","ts":1,"op":"cancel","session_id":"","reply_to":"x"}', CancelRequest)
+    assert (str(raised.value), raised.value.field) == (session[0][0], session[1])
+
+
+@pytest.mark.redis
+def test_out_of_bounds_requests_get_error_replies_and_change_nothing(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """timeout_ms 0 or below was dropped as expired without a word, and a cancel of the empty
+    session id was answered {"cancelled": ""}: now each gets the error reply 8.1 documents."""
+    keys = Keys(bus_settings.prefix)
+    procs.start(["coordinator"], worker_env(bus_settings, HOOKBUS_REFRESH_SECS="0.2"), "coord")
+    (timeout, session) = rejections().values()
+    inbox = keys.inbox(f"doc-{new_id()[:8]}")
+    ctx = {"session_id": "s-bounds", "tool_name": "file_read"}
+    asked: dict[str, dict[str, Any]] = {
+        f"t{value}": {"event": "PreToolUse", "context": ctx, "timeout_ms": value}
+        for value in (0, -5, MAX_TIMEOUT_MS + 1)
+    }
+    asked["cancel"] = {"op": "cancel", "session_id": ""}
+    with Redis.from_url(bus_settings.redis_url, socket_timeout=30) as r:
+        for rid, fields in asked.items():
+            request = {"v": 3, "id": rid, "ts": now_ms(), "reply_to": inbox, **fields}
+            r.xadd(keys.decisions("s-bounds"), {"data": json.dumps(request)})
+        replies = {}
+        while len(replies) < len(asked):
+            popped = r.blpop([inbox], 20)
+            assert popped is not None, f"no reply for {set(asked) - set(replies)}\n{procs.logs()}"
+            reply = json.loads(popped[1])
+            replies[reply["request_id"]] = reply
+        assert not r.exists(keys.cancelled("")), "the empty session was cancelled"
+        assert not r.exists(keys.events("s-bounds")), "an out-of-bounds request was dispatched"
+    said = {rid: (r["status"], r["error"], r["field"]) for rid, r in replies.items()}
+    assert said == {
+        "t0": ("error", timeout[0][0], timeout[1]),
+        "t-5": ("error", timeout[0][0], timeout[1]),
+        f"t{MAX_TIMEOUT_MS + 1}": ("error", timeout[0][1], timeout[1]),
+        "cancel": ("error", session[0][0], session[1]),
+    }
+
+
+@pytest.mark.redis
+async def test_the_gateway_refuses_what_the_service_refuses(bus_settings: BusSettings) -> None:
+    """Over HTTP too: timeout_ms 0 was a 504 "no decision within timeout_ms=0", after the
+    request had been read as valid; now a 400 naming the field. An empty session id to cancel
+    is a 400."""
+    from bus.transport.coordinator import Coordinator
+    from workers.services.gateway import Gateway, Tokens
+
+    (timeout, _) = rejections().values()
+    async with Coordinator(bus_settings, source="gateway") as coordinator:
+        gateway = Gateway(coordinator, Tokens((("t", b""),)))
+        body = {"event": "PreToolUse", "context": {"session_id": "s", "tool_name": "t"}}
+        answer = await gateway.decisions("t", json.dumps({**body, "timeout_ms": 0}).encode())
+        reply = json.loads(answer.body)
+        assert answer.status == 400, reply
+        error = timeout[0][0].replace("DecisionRequest", "HttpDecisionRequest")  # its own type
+        assert (reply["error"], reply["field"]) == (error, timeout[1])
+        answer = await gateway.cancel("t", "")
+        assert answer.status == 400 and json.loads(answer.body)["field"] == "session_id"
+
+
+@pytest.mark.redis
+def test_hookbus_cancel_refuses_an_empty_session_id(bus_settings: BusSettings) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "cancel", ""], env=worker_env(bus_settings),
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc
+    assert proc.stderr == (
+        "hookbus: hookbus cancel: the session id is empty; name the session to cancel\n"
+    )
+    with Redis.from_url(bus_settings.redis_url) as r:
+        assert not r.exists(Keys(bus_settings.prefix).cancelled(""))
+
+
+def test_section_1_5_sends_to_time_only_the_users_that_may_run_it() -> None:
+    """A tenant's user may not run TIME: the document must not ask an untrusted agent to."""
+    from workers.ops.acl import ROLES, HookUser, hook_rules, tenant_rules
+
+    text = " ".join(section("1.5").split())
+    rules = {user: r for user, _, r in ROLES}
+    for who in (rules["agent"], rules["coordinator"], hook_rules(HookUser("Guard"))):
+        assert "+time" in who.split()
+    assert re.findall(r"\+(\w+)", tenant_rules("acme")) == ["ping", "xadd", "blpop", "blmpop"]
+    assert "An untrusted agent cannot and need not" in text
+    assert "its tenant's user may only `XADD` to its decisions stream and `BLPOP`/`BLMPOP`" in text
+    assert "Clients in other languages should read `TIME`" not in text
+
+
+def test_the_scripts_the_document_names_are_the_ones_retention_runs() -> None:
+    """6.7 and 10 once described a `read` script; the reads are `check` + XREADGROUP."""
+    from bus.transport import retention
+
+    lua = {
+        name.strip("_").lower()
+        for name, value in vars(retention).items()
+        if isinstance(value, str) and "redis.pcall(" in value and name.isupper()
+    }
+    assert lua == {"check", "create"}
+    named = set(re.findall(r"EVALSHA (\w+) 1", PROTOCOL))
+    named |= set(re.findall(r"(?:the|its) `(\w+)` script", PROTOCOL))
+    named |= set(re.findall(r"script `(\w+)`", PROTOCOL))
+    assert named == lua, named
+    assert "pipeline: EVALSHA check 1 {p}:events:{TAG} {name} 1, XREADGROUP GROUP" in PROTOCOL
+
+
+@pytest.mark.redis
+def test_the_vector_hook_command_of_1_8_runs_as_written(
+    bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    """From any directory (here: one outside the checkout), as section 1.8 writes it."""
+    (command,) = re.findall(r"```sh\n(HOOKBUS_TEST_HOOK=.*?)```", section("1.8"), re.S)
+    command = command.replace("/path/to/hookbus", str(ROOT))
+    env = {**worker_env(bus_settings), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    env.pop("PYTHONPATH", None)
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(["bash", "-c", command], cwd=tmp_path, env=env, stdout=out,
+                                stderr=out, start_new_session=True)  # fmt: skip
+    try:
+        check = [HOOKBUS, "worker", "tests.remote_hooks:Scripted", "--app-dir", str(ROOT)]
+
+        def live() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return subprocess.run(
+                [*check, "--check"], cwd=tmp_path, capture_output=True, timeout=60,
+                env={**env, "HOOKBUS_TEST_HOOK": '{"name": "Guard"}'}, check=False,
+            ).returncode == 0  # fmt: skip
+
+        until(live, "the vector hook Guard live", 60, log.read_text)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # bash and the worker it started
+        proc.wait(60)

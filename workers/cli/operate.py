@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
-from bus.errors import ConfigError
+from bus.errors import ConfigError, InvalidInputError
 from bus.settings import BusSettings
 from workers.cli.common import (
     UsageError,
@@ -66,6 +66,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     from bus.transport.redis_io import cancel_session
+
+    if not args.session_id:  # it would name no session ({p}:cancelled:), or none of a tenant's
+        why = "the session id is empty; name the session to cancel"
+        raise InvalidInputError(f"hookbus cancel: {why}")
 
     async def cancel(redis: Redis, keys: Keys, settings: BusSettings) -> None:
         await cancel_session(redis, keys, args.session_id, settings.session_ttl_secs, "operator")

@@ -72,6 +72,7 @@ from bus.protocol import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
     DecisionReply,
+    TimeoutMs,
     decode_head,
     encode,
     new_id,
@@ -113,7 +114,7 @@ class HttpDecisionRequest(msgspec.Struct, frozen=True, kw_only=True):
     event: HookEvent
     context: msgspec.Raw
     reply_to: str = ""
-    timeout_ms: int = 30_000
+    timeout_ms: TimeoutMs = 30_000
 
 
 class _Head(msgspec.Struct):
