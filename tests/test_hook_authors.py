@@ -4,6 +4,8 @@ script against a real redis-server, as the guide (docs/writing-hooks.md) says to
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -432,3 +434,76 @@ def test_a_password_put_into_the_url_is_never_shown() -> None:
             {"HOOKBUS_REDIS_URL": url, "HOOKBUS_REDIS_PASSWORD": "s3&c:r@t"}
         )
         assert "s3" not in redacted(settings.redis_url) and "***" in redacted(settings.redis_url)
+
+
+# -- issue 35, item 16: the contract test as pytest fixtures (workers/pytest_plugin.py) ---------
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "writing-hooks.md"
+
+
+def guide_file(path: str) -> str:
+    """The block docs/writing-hooks.md saves as ``path``."""
+    block = rf"<!-- file: {re.escape(path)} -->\n```\w+\n(.*?)```\n"
+    (code,) = re.findall(block, GUIDE.read_text(), re.S)
+    return code
+
+
+def author_pytest(project: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest -q tests`` in the author's project, as the guide runs it: the
+    installed package's plugin, no conftest, no PYTHONPATH, no pytest configuration of ours."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("HOOKBUS_", "PYTEST_"))}
+    environ.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project,
+        env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(600)
+def test_the_guides_tests_pass_with_the_plugins_fixtures_and_fail_on_a_broken_hook(
+    tmp_path: Path,
+) -> None:
+    hook = guide_file("acme_hooks/no_secrets.py")
+    project = author_package(tmp_path / "project", no_secrets=hook)
+    (project / "tests").mkdir()
+    tests = guide_file("tests/test_no_secrets.py")
+    assert "hookbus_serve" in tests and "import pytest" not in tests
+    (project / "tests" / "test_no_secrets.py").write_text(tests)
+    assert not list(project.rglob("conftest.py"))
+
+    passed = author_pytest(project)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert re.search(r"^2 passed", passed.stdout, re.M), passed.stdout
+
+    # The same tests against a hook that lets secrets through: both fail, the contract test on
+    # what the hook service answered.
+    leaky = hook.replace("if path.endswith(self.suffixes)", "if False")
+    assert leaky != hook
+    (project / "acme_hooks" / "no_secrets.py").write_text(leaky)
+    failed = author_pytest(project)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert re.search(r"^2 failed", failed.stdout, re.M), failed.stdout
+    assert "FAILED tests/test_no_secrets.py::test_contract" in failed.stdout
+
+
+def test_the_plugin_has_fixtures_only_and_imports_hookbus_lazily() -> None:
+    """Loaded into every pytest session of an environment HookBus is installed in (this
+    project's too): nothing autouse, no hooks, and HookBus imported only by a fixture."""
+    import ast
+    import importlib.metadata
+
+    (entry,) = [e for e in importlib.metadata.entry_points(group="pytest11") if e.name == "hookbus"]
+    assert entry.value == "workers.pytest_plugin"
+    source = Path(__file__).resolve().parent.parent / "workers" / "pytest_plugin.py"
+    tree = ast.parse(source.read_text())
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert {f.name for f in functions} == {"hookbus_redis", "hookbus_serve"}
+    for function in functions:
+        (decorator,) = function.decorator_list
+        assert "fixture" in ast.unparse(decorator) and "autouse" not in ast.unparse(decorator)
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    top = {a.name for n in imports for a in n.names}
+    top |= {n.module for n in imports if isinstance(n, ast.ImportFrom)}
+    assert not any(str(name).startswith(("bus", "workers", "agent_adapter")) for name in top), top

@@ -14,6 +14,12 @@ test against a real worker process on a private Redis.
 
 ``wait_for_hooks(client, "MyHook", ...)`` waits for hook services a test started itself.
 
+The same contract test without asyncio, as the pytest plugin's fixtures serve it
+(``workers/pytest_plugin.py``: ``hookbus_redis``, ``hookbus_serve``)::
+
+    with ServedHooks(["my_hooks:MyHook"], redis_url=url) as hooks:
+        result = hooks.run("PreToolUse", tool_args={"path": ".env"})
+
 A hook's mistakes get here the outcome they get in production (docs/writing-hooks.md, "When a
 hook goes wrong"): a plain ``def`` hook method is refused when ``dispatch`` loads the hook, as
 ``hookbus worker`` refuses it; a hook that raises, answers the wrong type or holds the event
@@ -30,11 +36,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent_adapter.client import HookClient
 from bus.events import CONTEXT_TYPES, HookContext, HookEvent
@@ -75,6 +82,8 @@ async def dispatch(
     await registry.drain()
     return result
 
+
+T = TypeVar("T")
 
 #: One hook service for ``served``: the arguments of ``hookbus worker``, as one string
 #: (``"my_hooks:Guard --set limit=3"``, split like a shell line) or a list.
@@ -194,3 +203,70 @@ async def _live(client: HookClient, name: str) -> bool:
     since = client.directory.clock.now_ms() - int(client.bus.liveness_secs * 1000)
     live: Any = await client.redis.zrange(client.keys.replicas(name), since, "+inf", byscore=True)
     return bool(live)
+
+
+class ServedHooks:
+    """:func:`served`, for tests that do not run an event loop: the workers started, each live,
+    on return; ``run`` dispatches one event through them and returns its result; ``close``
+    (or leaving the ``with`` block) stops them. The client lives on an event loop of its own,
+    in a thread, so ``await ask(...)`` works from any test's loop too.
+
+    Args: as :func:`served` (``targets``: a list of them).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        *,
+        redis_url: str | None = None,
+        prefix: str | None = None,
+        timeout: float = 30,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="hookbus-served", daemon=True
+        )
+        self._thread.start()
+        self._hooks = contextlib.AsyncExitStack()
+        try:
+            self.client: HookClient = self._call(
+                self._hooks.enter_async_context(
+                    served(*targets, redis_url=redis_url, prefix=prefix, timeout=timeout, cwd=cwd)
+                )
+            )
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def run(self, event: HookEvent | str, **fields: Any) -> Any:
+        """Dispatch ``event`` (its context: :func:`context` of ``fields``); the result."""
+        return self._call(self.client.run(event, context(event, **fields)))
+
+    async def ask(self, event: HookEvent | str, **fields: Any) -> Any:
+        """:meth:`run`, awaited from another event loop."""
+        coro = self.client.run(event, context(event, **fields))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def close(self) -> None:
+        """Stop the workers (and the private Redis, if one was started); idempotent."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._hooks.aclose())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> ServedHooks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
