@@ -507,3 +507,27 @@ def test_the_plugin_has_fixtures_only_and_imports_hookbus_lazily() -> None:
     top = {a.name for n in imports for a in n.names}
     top |= {n.module for n in imports if isinstance(n, ast.ImportFrom)}
     assert not any(str(name).startswith(("bus", "workers", "agent_adapter")) for name in top), top
+
+
+@pytest.mark.redis
+async def test_served_hooks_answer_an_async_test_and_stop_once(
+    bus_settings: BusSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``hookbus_serve`` returns, awaited from a test's own event loop (its client lives on
+    a loop of its own), and closed twice: once by the test, once by the fixture."""
+    from workers.testing import ServedHooks
+
+    home = author_package(tmp_path / "project")
+    monkeypatch.chdir(home)
+    url, prefix = bus_settings.redis_url, bus_settings.prefix
+    hooks = ServedHooks(["acme_hooks.guard:Guard"], redis_url=url, prefix=prefix)
+    replicas = Keys(prefix).replicas("Guard")
+    with Redis.from_url(url) as r:
+        try:
+            result = await hooks.ask("PreToolUse", tool_name="file_write")
+            assert result.is_blocked and result.action.reason == "guarded"
+            assert r.zrangebyscore(replicas, 0, "+inf")  # live: a positive heartbeat
+        finally:
+            hooks.close()
+        hooks.close()
+        assert not r.zrangebyscore(replicas, 0, "+inf")  # it deregistered as it stopped
