@@ -448,13 +448,14 @@ def guide_file(path: str) -> str:
     return code
 
 
-def author_pytest(project: Path) -> subprocess.CompletedProcess[str]:
+def author_pytest(project: Path, *options: str) -> subprocess.CompletedProcess[str]:
     """``python -m pytest -q tests`` in the author's project, as the guide runs it: the
     installed package's plugin, no conftest, no PYTHONPATH, no pytest configuration of ours."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("HOOKBUS_", "PYTEST_"))}
     environ.pop("PYTHONPATH", None)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, "tests"],
+        cwd=project,
         env=environ, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
         check=False,
     )  # fmt: skip
@@ -486,6 +487,9 @@ def test_the_guides_tests_pass_with_the_plugins_fixtures_and_fail_on_a_broken_ho
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert re.search(r"^2 failed", failed.stdout, re.M), failed.stdout
     assert "FAILED tests/test_no_secrets.py::test_contract" in failed.stdout
+    # -p no:hookbus leaves the plugin out, as the guide says.
+    left_out = author_pytest(project, "-p", "no:hookbus")
+    assert "fixture 'hookbus_serve' not found" in left_out.stdout, left_out.stdout
 
 
 def test_the_plugin_has_fixtures_only_and_imports_hookbus_lazily() -> None:
