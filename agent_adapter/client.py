@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bus import NotifyResult, SessionStopContext, StepCompleteContext
 from bus.dispatch import check_outside_hooks
+from bus.errors import InvalidInputError
 from bus.protocol import ControlMessage, encode
 from bus.settings import BusSettings, HookSettings
 from bus.transport.coordinator import Coordinator
@@ -90,6 +91,8 @@ class HookClient(Coordinator):
         """Cancel a session wherever its agent runs (its next tool call is blocked). An agent
         may only add to ``{p}:cancelled:{sid}`` (SADD): it cannot lift a cancellation, nor
         shorten one; the CancellationHook starts its TTL."""
+        if not session_id:  # it would name no session ({p}:cancelled:): refused, as everywhere
+            raise InvalidInputError("cancel: the session id is empty; name the session to cancel")
         await self.redis.sadd(self.keys.cancelled(session_id), "agent")
 
 

@@ -554,3 +554,16 @@ def test_the_vector_hook_command_of_1_8_runs_as_written(
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # bash and the worker it started
         proc.wait(60)
+
+
+async def test_the_hook_client_refuses_an_empty_session_id(bus_settings: BusSettings) -> None:
+    """An agent's own `HookClient.cancel("")` is refused like the service's and the CLI's."""
+    from agent_adapter.client import HookClient
+    from bus.errors import InvalidInputError
+    from bus.settings import HookSettings
+
+    async with HookClient(bus_settings, HookSettings(hook_timeout_secs=5)) as client:
+        with pytest.raises(InvalidInputError, match="the session id is empty"):
+            await client.cancel("")
+    with Redis.from_url(bus_settings.redis_url) as r:
+        assert not r.exists(Keys(bus_settings.prefix).cancelled(""))
