@@ -21,7 +21,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from agent_adapter.client import HookClient
-from agent_adapter.integrations.langchain import HookBusMiddleware, decide_interrupt
+from agent_adapter.integrations.langchain import (
+    HookBusMiddleware,
+    ask_by_interrupt,
+    decide_interrupt,
+)
 from bus import (
     Block,
     ConfigError,
@@ -31,6 +35,7 @@ from bus import (
     MutateOutput,
     Override,
     PermissionDecision,
+    PermissionRequired,
     SessionCancelled,
     ToolMatchFilter,
     TurnTerminal,
@@ -258,6 +263,206 @@ async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_ho
     assert tool_messages(out)["w1"].content == (
         "User rejected the tool call for `file_write` with reason: policy: system files"
     )
+
+
+# -- ToolNode, create_react_agent and a hand-built StateGraph ------------------------------
+
+
+async def test_create_react_agent_with_a_hooked_tool_node() -> None:
+    import warnings
+
+    from langgraph.prebuilt import create_react_agent
+
+    tools = Tools()
+    middleware = HookBusMiddleware(guard_and_redactor())
+    with warnings.catch_warnings():  # LangGraph 1 moved it to langchain's create_agent
+        warnings.simplefilter("ignore", DeprecationWarning)
+        agent = create_react_agent(read_env_then_config(), tools=middleware.tool_node(tools.all))
+    out = await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-r"}})
+    check_blocked_and_redacted(out, tools)
+
+
+def hand_built(model: ScriptedChat, middleware: HookBusMiddleware, tools: Tools) -> Any:
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+
+    async def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", call_model)
+    graph.add_node("tools", middleware.tool_node(tools.all))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph.compile()
+
+
+async def test_a_hand_built_state_graph_with_a_hooked_tool_node() -> None:
+    registry = guard_and_redactor()
+    seen = Recorder("seen")
+    registry.add(seen)
+    tools = Tools()
+    graph = hand_built(read_env_then_config(), HookBusMiddleware(registry), tools)
+    out = await graph.ainvoke(QUESTION, {"configurable": {"thread_id": "s-h"}})
+    check_blocked_and_redacted(out, tools)
+    await registry.drain()
+    events = [e for e, _ in seen.calls]  # the tool events only: a graph has no agent lifecycle
+    assert set(events) == {HookEvent.PRE_TOOL_USE, HookEvent.POST_TOOL_USE,
+                           HookEvent.PERMISSION_DENIED}  # fmt: skip
+    assert {c.session_id for _, c in seen.calls} == {"s-h"}
+
+
+def test_a_hooked_tool_node_in_a_synchronous_graph_goes_through_the_portal() -> None:
+    tools = Tools()
+    with start_blocking_portal() as portal:
+        registry = portal.call(_make_guard_and_redactor)
+        middleware = HookBusMiddleware(registry, portal=portal)
+        model = read_env_then_config()
+        from langgraph.graph import END, START, MessagesState, StateGraph
+        from langgraph.prebuilt import tools_condition
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})
+        graph.add_node("tools", middleware.tool_node(tools.all))
+        graph.add_edge(START, "model")
+        graph.add_conditional_edges("model", tools_condition, ["tools", END])
+        graph.add_edge("tools", "model")
+        out = graph.compile().invoke(QUESTION)
+    check_blocked_and_redacted(out, tools)
+
+
+async def _make_guard_and_redactor() -> HookRegistry:
+    return guard_and_redactor()
+
+
+# -- a person asked with LangGraph's interrupt: approve, edit, reject ------------------------
+
+
+class WritePolicy(Recorder):
+    """No writes under /etc; writes outside notes/ need a person's approval."""
+
+    async def pre_tool_use(self, ctx: Any) -> Any:
+        self.calls.append((HookEvent.PRE_TOOL_USE, ctx))
+        path = str(ctx.tool_args.get("path", ""))
+        if path.startswith("/etc"):
+            return Block(reason="system files")
+        if not path.startswith("notes/"):
+            return PermissionRequired(permission="write", tool_name=ctx.tool_name)
+        return None
+
+
+def asking_agent(registry: HookRegistry, tools: Tools, path: str) -> Any:
+    return create_agent(
+        scripted([("file_write", {"path": path, "text": "x"}, "w1")], "done"),
+        tools.all,
+        middleware=[HookBusMiddleware(registry, approver=ask_by_interrupt)],
+        checkpointer=InMemorySaver(),
+    )
+
+
+def edit(path: str) -> Command:  # type: ignore[type-arg]
+    action = {"name": "file_write", "args": {"path": path, "text": "x"}}
+    return Command(resume={"decisions": [{"type": "edit", "edited_action": action}]})
+
+
+APPROVE = Command(resume={"decisions": [{"type": "approve"}]})
+
+
+async def test_an_edited_call_is_checked_by_pre_tool_use_again() -> None:
+    registry = HookRegistry()
+    policy = WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,))
+    registry.add(policy)
+    tools = Tools()
+    agent = asking_agent(registry, tools, "a.txt")
+    config = {"configurable": {"thread_id": "s-e"}}
+
+    first = await agent.ainvoke(QUESTION, config)
+    (asked,) = first["__interrupt__"]
+    assert asked.value == {
+        "action_requests": [{"name": "file_write", "args": {"path": "a.txt", "text": "x"},
+                             "description": "write (file_write)"}],
+        "review_configs": [{"action_name": "file_write",
+                            "allowed_decisions": ["approve", "edit", "reject"]}],
+    }  # fmt: skip
+    blocked = await agent.ainvoke(edit("/etc/passwd"), config)  # the person's edit is refused
+    assert tools.ran == []
+    assert tool_messages(blocked)["w1"].content == (
+        "Tool call blocked by a hook. policy: system files"
+    )
+    # LangGraph re-runs the tools node on resume: the first call's PreToolUse again, then the edit's
+    paths = [c.tool_args["path"] for _, c in policy.calls]
+    assert paths == ["a.txt", "a.txt", "/etc/passwd"]
+
+
+async def test_an_edit_that_still_needs_approval_asks_again_and_runs_as_edited() -> None:
+    registry = HookRegistry()
+    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    tools = Tools()
+    agent = asking_agent(registry, tools, "a.txt")
+    config = {"configurable": {"thread_id": "s-e2"}}
+    await agent.ainvoke(QUESTION, config)
+    again = await agent.ainvoke(edit("b.txt"), config)
+    (asked,) = again["__interrupt__"]
+    assert asked.value["action_requests"][0]["args"] == {"path": "b.txt", "text": "x"}
+    assert tools.ran == []
+    out = await agent.ainvoke(APPROVE, config)
+    assert tools.ran == [("file_write", {"path": "b.txt", "text": "x"})]
+    assert tool_messages(out)["w1"].content == "wrote 1 characters to b.txt"
+
+
+async def test_an_edit_no_hook_objects_to_runs_and_a_rejection_is_a_denial() -> None:
+    registry = HookRegistry()
+    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    tools = Tools()
+    agent = asking_agent(registry, tools, "a.txt")
+    await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-e3"}})
+    await agent.ainvoke(edit("notes/a.txt"), {"configurable": {"thread_id": "s-e3"}})
+    assert tools.ran == [("file_write", {"path": "notes/a.txt", "text": "x"})]
+
+    other = asking_agent(registry, tools, "c.txt")
+    await other.ainvoke(QUESTION, {"configurable": {"thread_id": "s-e4"}})
+    no = Command(resume={"decisions": [{"type": "reject"}]})
+    out = await other.ainvoke(no, {"configurable": {"thread_id": "s-e4"}})
+    assert tool_messages(out)["w1"].content == (
+        "Permission denied: write (file_write) (the user said no)"
+    )
+    assert len(tools.ran) == 1
+
+
+async def test_an_answer_that_is_not_a_decision_fails_in_one_line() -> None:
+    registry = HookRegistry()
+    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    tools = Tools()
+    agent = asking_agent(registry, tools, "a.txt")
+    config = {"configurable": {"thread_id": "s-e5"}}
+    await agent.ainvoke(QUESTION, config)
+    other_tool = {"name": "file_read", "args": {"path": "x"}}
+    bad = Command(resume={"decisions": [{"type": "edit", "edited_action": other_tool}]})
+    with pytest.raises(ConfigError, match="the answer to file_write's approval is not one dec"):
+        await agent.ainvoke(bad, config)
+    assert tools.ran == []
+
+
+async def test_a_human_in_the_loop_edit_is_checked_by_pre_tool_use() -> None:
+    registry = HookRegistry()
+    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    tools = Tools()
+    agent = create_agent(
+        scripted([("file_write", {"path": "notes/a.txt", "text": "x"}, "w1")], "done"),
+        tools.all,
+        middleware=[
+            HumanInTheLoopMiddleware(interrupt_on={"file_write": True}),
+            HookBusMiddleware(registry),
+        ],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "s-hitl"}}
+    await agent.ainvoke(QUESTION, config)
+    out = await agent.ainvoke(edit("/etc/passwd"), config)
+    assert tools.ran == []
+    said = str(tool_messages(out)["w1"].content)  # after LangChain's note on the edit
+    assert said.endswith("\n\nTool response:\nTool call blocked by a hook. policy: system files")
 
 
 # -- distributed: the hooks are served by worker processes ----------------------------------
