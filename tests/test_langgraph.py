@@ -549,3 +549,21 @@ def test_without_the_extra_the_import_says_which_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 1
     assert "pip install 'hookbus[langgraph]'" in out.stderr.splitlines()[-1]
+
+
+async def test_a_pause_for_a_person_neither_stops_nor_restarts_the_session() -> None:
+    registry = HookRegistry()
+    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    seen = Recorder("seen", events=(HookEvent.ON_SESSION_START, HookEvent.ON_SESSION_STOP))
+    registry.add(seen)
+    agent = asking_agent(registry, Tools(), "a.txt")
+    config = {"configurable": {"thread_id": "s-p"}}
+    first = await agent.ainvoke(QUESTION, config)
+    assert first["__interrupt__"]
+    assert [e for e, _ in seen.calls] == [HookEvent.ON_SESSION_START]  # paused: no stop
+    await agent.ainvoke(APPROVE, config)
+    assert [(e, c.session_id) for e, c in seen.calls] == [
+        (HookEvent.ON_SESSION_START, "s-p"),
+        (HookEvent.ON_SESSION_STOP, "s-p"),  # the resumed invocation ends it; no second start
+    ]
+    assert seen.calls[1][1].terminal == TurnTerminal.COMPLETED

@@ -530,7 +530,11 @@ async def test_a_block_is_a_tool_guardrail_rejection_in_the_sdks_results_and_tra
 
     class Ends(RunHooks[Any]):
         def __init__(self) -> None:
+            self.started: list[str] = []
             self.ended: list[str] = []
+
+        async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+            self.started.append(context.tool_call_id)
 
         async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
             self.ended.append(context.tool_call_id)
@@ -557,7 +561,7 @@ async def test_a_block_is_a_tool_guardrail_rejection_in_the_sdks_results_and_tra
         {"type": "guardrail", "name": "HookBus", "triggered": True},
         {"type": "guardrail", "name": "HookBus", "triggered": False},
     ]
-    assert ends.ended == ["c2"]  # the blocked call has no tool end: it never started
+    assert ends.started == ends.ended == ["c2"]  # the blocked call never started
 
 
 def delete_three() -> tuple[Any, list[str], ScriptedModel]:
@@ -595,6 +599,8 @@ async def test_a_resumed_run_continues_the_session_it_paused_in() -> None:
     assert {c.session_id for e, c in seen.calls if hasattr(c, "session_id")} == {"s-r"}
     starts = [c.is_resume for e, c in seen.calls if e == HookEvent.ON_SESSION_START]
     assert starts == [False, True]
+    stops = [c.terminal for e, c in seen.calls if e == HookEvent.ON_SESSION_STOP]
+    assert stops == [TurnTerminal.COMPLETED, TurnTerminal.COMPLETED]  # the pause, the end
     assert [e for e, _ in seen.calls].count(HookEvent.PRE_TOOL_USE) == 1  # the resumed call's
 
 
@@ -614,6 +620,23 @@ async def test_a_state_that_carries_no_session_needs_one() -> None:
     assert ran == []
     second = await bus.run(agent, restored, session_id="s-r")
     assert second.final_output == "done" and ran == ["tmp/x"]
+
+
+async def test_an_adapter_made_with_a_session_resumes_a_restored_state_in_it() -> None:
+    from agents import RunState
+
+    registry = HookRegistry()
+    seen = Recorder("seen", events=(HookEvent.ON_SESSION_START, HookEvent.PRE_TOOL_USE))
+    registry.add(seen)
+    delete, ran, model = delete_three()
+    bus = HookBusAgents(registry, session_id="s-fixed")
+    agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
+    first = await bus.run(agent, "clean up")
+    restored = await RunState.from_string(agent, first.to_state().to_string())
+    restored.approve(restored.get_interruptions()[0])
+    await bus.run(agent, restored)
+    assert ran == ["tmp/x"]
+    assert {c.session_id for _, c in seen.calls} == {"s-fixed"}
 
 
 async def test_a_cancel_while_paused_refuses_the_resumed_runs_calls(
