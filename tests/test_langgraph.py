@@ -388,7 +388,9 @@ async def test_an_edited_call_is_checked_by_pre_tool_use_again() -> None:
     blocked = await agent.ainvoke(edit("/etc/passwd"), config)  # the person's edit is refused
     assert tools.ran == []
     assert tool_messages(blocked)["w1"].content == (
-        "Tool call blocked by a hook. policy: system files"
+        "Tool call blocked by a hook. policy: system files\n\n<system-reminder>\nA person edited "
+        'this file_write call: its arguments were {"path": "/etc/passwd", "text": "x"}\n'
+        "</system-reminder>"
     )
     # LangGraph re-runs the tools node on resume: the first call's PreToolUse again, then the edit's
     paths = [c.tool_args["path"] for _, c in policy.calls]
@@ -408,7 +410,7 @@ async def test_an_edit_that_still_needs_approval_asks_again_and_runs_as_edited()
     assert tools.ran == []
     out = await agent.ainvoke(APPROVE, config)
     assert tools.ran == [("file_write", {"path": "b.txt", "text": "x"})]
-    assert tool_messages(out)["w1"].content == "wrote 1 characters to b.txt"
+    assert str(tool_messages(out)["w1"].content).startswith("wrote 1 characters to b.txt\n\n")
 
 
 async def test_an_edit_no_hook_objects_to_runs_and_a_rejection_is_a_denial() -> None:

@@ -678,3 +678,15 @@ async def test_the_approver_gets_the_tool_its_arguments_as_hooks_left_them_and_t
     await bus.run(bus.wrap(Agent(name="main", model=model, tools=[tools.file_write])), "write")
     assert asked == [("file_write", {"path": "notes/a", "text": "x"}, "write (file_write)")]
     assert tools.ran == [("file_write", {"path": "notes/a", "text": "x"})]
+
+
+async def test_a_call_whose_guardrail_did_not_run_is_checked_by_its_invoker() -> None:
+    from agents.tool_context import ToolContext
+
+    tools = Tools()
+    hooked = HookBusAgents(guard_and_redactor(), session_id="s-i").wrap_tool(tools.file_read)
+    arguments = '{"path": ".env"}'
+    ctx = ToolContext(None, tool_name="file_read", tool_call_id="x", tool_arguments=arguments)
+    said = await hooked.on_invoke_tool(ctx, arguments)  # not through the SDK's loop
+    assert said.startswith("Tool call blocked by a hook. SecretGuard")
+    assert tools.ran == []

@@ -19,25 +19,17 @@ through HookBus:
   gets PostToolUseFailure, and the exception goes on. A tool that returns a LangGraph
   ``Command`` is passed on as it is (it has no output to rewrite).
 
-The rest of the loop:
-
-=======================  ======================================================================
-LangChain / LangGraph    HookBus
-=======================  ======================================================================
-``before_agent``         OnSessionStart (``turn_index``: the human messages before this one;
-                         ``is_resume`` when it is not the first)
-``after_model``          OnStepComplete (``step``: model calls in this invocation,
-                         ``max_steps``: the run's ``recursion_limit``)
-``after_agent``          OnSessionStop ``Completed`` (LangGraph runs no ``after_agent`` for an
-                         invocation that raises: such a run has no OnSessionStop, but for a
-                         cancelled one: ``Cancelled``, then ``SessionCancelled`` is raised)
-``HumanInTheLoop         ``decide_interrupt(hooks, value)``: PermissionRequest hooks approve or
-Middleware`` interrupt   reject each call it stopped for; the rest are left to a person
-=======================  ======================================================================
-
-LangChain has no subagent of its own (a subagent is a tool that runs another agent), so there
-are no OnSubagentStart / OnSubagentStop. The session is the run's ``thread_id``
-(``config["configurable"]["thread_id"]``), else the middleware's ``session_id``.
+``middleware.tool_node(tools)`` is a LangGraph ``ToolNode`` with the same wrappers, for
+``create_react_agent`` and hand-built ``StateGraph``s (tool events only: a graph has no
+middleware lifecycle). The rest of ``create_agent``'s loop: ``before_agent`` is OnSessionStart,
+``after_model`` OnStepComplete, ``after_agent`` OnSessionStop (``Cancelled`` for a cancelled
+session, then ``SessionCancelled`` is raised); ``decide_interrupt`` runs PermissionRequest hooks
+on a ``HumanInTheLoopMiddleware`` interrupt; ``approver=ask_by_interrupt`` asks a person about a
+hook's ``PermissionRequired`` with LangGraph's ``interrupt`` (approve / edit / reject; an edit is
+checked by PreToolUse from the start). Every LangChain hook and its HookBus counterpart, or none,
+and what a pause does to the session, is in docs/integrations.md's table
+(tests/test_integrations_doc.py checks it against this module). The session is the run's
+``thread_id`` (``config["configurable"]["thread_id"]``), else the middleware's ``session_id``.
 
 Synchronous ``invoke`` works too: HookBus's runners are asyncio objects bound to the event loop
 that made them, so the middleware then needs ``portal=``, an anyio ``BlockingPortal`` whose loop
@@ -51,6 +43,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 try:
@@ -78,6 +71,7 @@ from bus import (
     SessionStopContext,
     StepCompleteContext,
     TurnTerminal,
+    render_system_reminder,
 )
 
 ToolResult = Any  # ToolMessage | langgraph.types.Command
@@ -272,12 +266,21 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
 
     async def _check(self, session: str, name: str, args: dict[str, Any], step: int) -> Verdict:
         """PreToolUse (and PermissionRequest); a person's edit (``ask_by_interrupt``) is a new
-        call, checked from the start."""
+        call, checked from the start, and the model is told of it after the call's output."""
+        asked = args
         while True:
             try:
-                return await self.gate.before(session, name, args, step=step)
+                verdict = await self.gate.before(session, name, args, step=step)
             except _Edited as edit:
                 args = edit.edited
+                continue
+            if args is asked:
+                return verdict
+            shown = json.dumps(args, ensure_ascii=False)
+            note = render_system_reminder(
+                f"A person edited this {name} call: its arguments were {shown}"
+            )
+            return replace(verdict, reminders=(*verdict.reminders, note))
 
     def _before(self, request: ToolCallRequest) -> tuple[str, str, int]:
         config = getattr(request.runtime, "config", None)
