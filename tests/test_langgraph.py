@@ -221,6 +221,19 @@ async def test_a_second_turn_on_a_thread_is_a_resumed_session() -> None:
     assert [(c.turn_index, c.is_resume) for _, c in seen.calls] == [(0, False), (1, True)]
 
 
+def reviewed(registry: HookRegistry, tools: Tools, calls: list[Any]) -> Any:
+    """An agent that makes ``calls``, each file_write reviewed by HumanInTheLoopMiddleware."""
+    return create_agent(
+        scripted(calls, "done"),
+        tools.all,
+        middleware=[
+            HumanInTheLoopMiddleware(interrupt_on={"file_write": True}),
+            HookBusMiddleware(registry),
+        ],
+        checkpointer=InMemorySaver(),
+    )
+
+
 async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_hooks() -> None:
     class Policy(Recorder):
         async def on_permission_request(self, ctx: Any) -> Any:
@@ -236,15 +249,7 @@ async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_ho
     tools = Tools()
     calls = [("file_write", {"path": p, "text": "x"}, f"w{i}")
              for i, p in enumerate(["tmp/a", "/etc/passwd", "home/b"])]  # fmt: skip
-    agent = create_agent(
-        scripted(calls, "done"),
-        tools.all,
-        middleware=[
-            HumanInTheLoopMiddleware(interrupt_on={"file_write": True}),
-            HookBusMiddleware(registry),
-        ],
-        checkpointer=InMemorySaver(),
-    )
+    agent = reviewed(registry, tools, calls)
     config = {"configurable": {"thread_id": "s-4"}}
     first = await agent.ainvoke(QUESTION, config)
     assert tools.ran == []
@@ -361,6 +366,26 @@ def asking_agent(registry: HookRegistry, tools: Tools, path: str) -> Any:
     )
 
 
+class Paused:
+    """An agent whose file_write of ``path`` WritePolicy sent to a person: paused, waiting."""
+
+    def __init__(self, path: str, thread: str) -> None:
+        self.registry = HookRegistry()
+        self.policy = WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,))
+        self.registry.add(self.policy)
+        self.tools = Tools()
+        self.agent = asking_agent(self.registry, self.tools, path)
+        self.config = {"configurable": {"thread_id": thread}}
+
+    async def start(self) -> dict[str, Any]:
+        first: dict[str, Any] = await self.agent.ainvoke(QUESTION, self.config)
+        return first
+
+    async def answer(self, resume: Command) -> dict[str, Any]:  # type: ignore[type-arg]
+        out: dict[str, Any] = await self.agent.ainvoke(resume, self.config)
+        return out
+
+
 def edit(path: str) -> Command:  # type: ignore[type-arg]
     action = {"name": "file_write", "args": {"path": path, "text": "x"}}
     return Command(resume={"decisions": [{"type": "edit", "edited_action": action}]})
@@ -370,14 +395,8 @@ APPROVE = Command(resume={"decisions": [{"type": "approve"}]})
 
 
 async def test_an_edited_call_is_checked_by_pre_tool_use_again() -> None:
-    registry = HookRegistry()
-    policy = WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,))
-    registry.add(policy)
-    tools = Tools()
-    agent = asking_agent(registry, tools, "a.txt")
-    config = {"configurable": {"thread_id": "s-e"}}
-
-    first = await agent.ainvoke(QUESTION, config)
+    paused = Paused("a.txt", "s-e")
+    first = await paused.start()
     (asked,) = first["__interrupt__"]
     assert asked.value == {
         "action_requests": [{"name": "file_write", "args": {"path": "a.txt", "text": "x"},
@@ -385,80 +404,60 @@ async def test_an_edited_call_is_checked_by_pre_tool_use_again() -> None:
         "review_configs": [{"action_name": "file_write",
                             "allowed_decisions": ["approve", "edit", "reject"]}],
     }  # fmt: skip
-    blocked = await agent.ainvoke(edit("/etc/passwd"), config)  # the person's edit is refused
-    assert tools.ran == []
+    blocked = await paused.answer(edit("/etc/passwd"))  # the person's edit is refused
+    assert paused.tools.ran == []
     assert tool_messages(blocked)["w1"].content == (
         "Tool call blocked by a hook. policy: system files\n\n<system-reminder>\nA person edited "
         'this file_write call: its arguments were {"path": "/etc/passwd", "text": "x"}\n'
         "</system-reminder>"
     )
     # LangGraph re-runs the tools node on resume: the first call's PreToolUse again, then the edit's
-    paths = [c.tool_args["path"] for _, c in policy.calls]
+    paths = [c.tool_args["path"] for _, c in paused.policy.calls]
     assert paths == ["a.txt", "a.txt", "/etc/passwd"]
 
 
 async def test_an_edit_that_still_needs_approval_asks_again_and_runs_as_edited() -> None:
-    registry = HookRegistry()
-    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
-    tools = Tools()
-    agent = asking_agent(registry, tools, "a.txt")
-    config = {"configurable": {"thread_id": "s-e2"}}
-    await agent.ainvoke(QUESTION, config)
-    again = await agent.ainvoke(edit("b.txt"), config)
+    paused = Paused("a.txt", "s-e2")
+    await paused.start()
+    again = await paused.answer(edit("b.txt"))
     (asked,) = again["__interrupt__"]
     assert asked.value["action_requests"][0]["args"] == {"path": "b.txt", "text": "x"}
-    assert tools.ran == []
-    out = await agent.ainvoke(APPROVE, config)
-    assert tools.ran == [("file_write", {"path": "b.txt", "text": "x"})]
+    assert paused.tools.ran == []
+    out = await paused.answer(APPROVE)
+    assert paused.tools.ran == [("file_write", {"path": "b.txt", "text": "x"})]
     assert str(tool_messages(out)["w1"].content).startswith("wrote 1 characters to b.txt\n\n")
 
 
 async def test_an_edit_no_hook_objects_to_runs_and_a_rejection_is_a_denial() -> None:
-    registry = HookRegistry()
-    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
-    tools = Tools()
-    agent = asking_agent(registry, tools, "a.txt")
-    await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-e3"}})
-    await agent.ainvoke(edit("notes/a.txt"), {"configurable": {"thread_id": "s-e3"}})
-    assert tools.ran == [("file_write", {"path": "notes/a.txt", "text": "x"})]
+    paused = Paused("a.txt", "s-e3")
+    await paused.start()
+    await paused.answer(edit("notes/a.txt"))
+    assert paused.tools.ran == [("file_write", {"path": "notes/a.txt", "text": "x"})]
 
-    other = asking_agent(registry, tools, "c.txt")
-    await other.ainvoke(QUESTION, {"configurable": {"thread_id": "s-e4"}})
-    no = Command(resume={"decisions": [{"type": "reject"}]})
-    out = await other.ainvoke(no, {"configurable": {"thread_id": "s-e4"}})
+    other = Paused("c.txt", "s-e4")
+    await other.start()
+    out = await other.answer(Command(resume={"decisions": [{"type": "reject"}]}))
     assert tool_messages(out)["w1"].content == (
         "Permission denied: write (file_write) (the user said no)"
     )
-    assert len(tools.ran) == 1
+    assert other.tools.ran == []
 
 
 async def test_an_answer_that_is_not_a_decision_fails_in_one_line() -> None:
-    registry = HookRegistry()
-    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
-    tools = Tools()
-    agent = asking_agent(registry, tools, "a.txt")
-    config = {"configurable": {"thread_id": "s-e5"}}
-    await agent.ainvoke(QUESTION, config)
+    paused = Paused("a.txt", "s-e5")
+    await paused.start()
     other_tool = {"name": "file_read", "args": {"path": "x"}}
     bad = Command(resume={"decisions": [{"type": "edit", "edited_action": other_tool}]})
     with pytest.raises(ConfigError, match="the answer to file_write's approval is not one dec"):
-        await agent.ainvoke(bad, config)
-    assert tools.ran == []
+        await paused.answer(bad)
+    assert paused.tools.ran == []
 
 
 async def test_a_human_in_the_loop_edit_is_checked_by_pre_tool_use() -> None:
     registry = HookRegistry()
     registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
     tools = Tools()
-    agent = create_agent(
-        scripted([("file_write", {"path": "notes/a.txt", "text": "x"}, "w1")], "done"),
-        tools.all,
-        middleware=[
-            HumanInTheLoopMiddleware(interrupt_on={"file_write": True}),
-            HookBusMiddleware(registry),
-        ],
-        checkpointer=InMemorySaver(),
-    )
+    agent = reviewed(registry, tools, [("file_write", {"path": "notes/a.txt", "text": "x"}, "w1")])
     config = {"configurable": {"thread_id": "s-hitl"}}
     await agent.ainvoke(QUESTION, config)
     out = await agent.ainvoke(edit("/etc/passwd"), config)
@@ -554,16 +553,13 @@ def test_without_the_extra_the_import_says_which_to_install() -> None:
 
 
 async def test_a_pause_for_a_person_neither_stops_nor_restarts_the_session() -> None:
-    registry = HookRegistry()
-    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    paused = Paused("a.txt", "s-p")
     seen = Recorder("seen", events=(HookEvent.ON_SESSION_START, HookEvent.ON_SESSION_STOP))
-    registry.add(seen)
-    agent = asking_agent(registry, Tools(), "a.txt")
-    config = {"configurable": {"thread_id": "s-p"}}
-    first = await agent.ainvoke(QUESTION, config)
+    paused.registry.add(seen)
+    first = await paused.start()
     assert first["__interrupt__"]
     assert [e for e, _ in seen.calls] == [HookEvent.ON_SESSION_START]  # paused: no stop
-    await agent.ainvoke(APPROVE, config)
+    await paused.answer(APPROVE)
     assert [(e, c.session_id) for e, c in seen.calls] == [
         (HookEvent.ON_SESSION_START, "s-p"),
         (HookEvent.ON_SESSION_STOP, "s-p"),  # the resumed invocation ends it; no second start

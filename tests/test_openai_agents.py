@@ -224,6 +224,21 @@ async def test_permission_required_with_nobody_to_ask_is_denied() -> None:
     assert [c.tool_name for _, c in denied.calls] == ["file_write"]
 
 
+def deleter(*paths: str) -> tuple[Any, list[str], ScriptedModel]:
+    """A ``delete`` tool that needs approval, the paths it deleted, and a model that asks it to
+    delete ``paths`` (call ids d0, d1, …), then answers "done"."""
+    ran: list[str] = []
+
+    @function_tool(needs_approval=True)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        ran.append(path)
+        return f"deleted {path}"
+
+    calls = [function_call("delete", {"path": p}, call_id=f"d{i}") for i, p in enumerate(paths)]
+    return delete, ran, ScriptedModel([calls, [assistant_message("done")]])
+
+
 async def test_pending_approvals_are_decided_by_permission_request_hooks() -> None:
     class Policy(Recorder):
         async def on_permission_request(self, ctx: Any) -> Any:
@@ -238,21 +253,7 @@ async def test_pending_approvals_are_decided_by_permission_request_hooks() -> No
     registry = HookRegistry()
     policy = Policy("policy", events=(HookEvent.PERMISSION_REQUEST,))
     registry.add(policy)
-    ran: list[str] = []
-
-    @function_tool(needs_approval=True)
-    def delete(path: str) -> str:
-        """Delete a file."""
-        ran.append(path)
-        return f"deleted {path}"
-
-    model = ScriptedModel(
-        [
-            [function_call("delete", {"path": p}, call_id=f"d{i}")
-             for i, p in enumerate(["tmp/x", "/etc/passwd", "home/notes"])],
-            [assistant_message("done")],
-        ]
-    )  # fmt: skip
+    delete, ran, model = deleter("tmp/x", "/etc/passwd", "home/notes")
     bus = HookBusAgents(registry)
     agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
     first = await bus.run(agent, "clean up", session_id="s-3")
@@ -564,27 +565,11 @@ async def test_a_block_is_a_tool_guardrail_rejection_in_the_sdks_results_and_tra
     assert ends.started == ends.ended == ["c2"]  # the blocked call never started
 
 
-def delete_three() -> tuple[Any, list[str], ScriptedModel]:
-    ran: list[str] = []
-
-    @function_tool(needs_approval=True)
-    def delete(path: str) -> str:
-        """Delete a file."""
-        ran.append(path)
-        return f"deleted {path}"
-
-    model = ScriptedModel(
-        [[function_call("delete", {"path": "tmp/x"}, call_id="d0")],
-         [assistant_message("done")]]
-    )  # fmt: skip
-    return delete, ran, model
-
-
 async def test_a_resumed_run_continues_the_session_it_paused_in() -> None:
     registry = HookRegistry()
     seen = Recorder("seen")
     registry.add(seen)
-    delete, ran, model = delete_three()
+    delete, ran, model = deleter("tmp/x")
     bus = HookBusAgents(registry)
     agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
 
@@ -609,7 +594,7 @@ async def test_a_state_that_carries_no_session_needs_one() -> None:
 
     from bus import ConfigError
 
-    delete, ran, model = delete_three()
+    delete, ran, model = deleter("tmp/x")
     bus = HookBusAgents(HookRegistry())
     agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
     first = await bus.run(agent, "clean up", session_id="s-r")
@@ -628,7 +613,7 @@ async def test_an_adapter_made_with_a_session_resumes_a_restored_state_in_it() -
     registry = HookRegistry()
     seen = Recorder("seen", events=(HookEvent.ON_SESSION_START, HookEvent.PRE_TOOL_USE))
     registry.add(seen)
-    delete, ran, model = delete_three()
+    delete, ran, model = deleter("tmp/x")
     bus = HookBusAgents(registry, session_id="s-fixed")
     agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
     first = await bus.run(agent, "clean up")
@@ -643,7 +628,7 @@ async def test_a_cancel_while_paused_refuses_the_resumed_runs_calls(
     bus_settings: BusSettings, procs: Processes
 ) -> None:
     procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
-    delete, ran, model = delete_three()
+    delete, ran, model = deleter("tmp/x")
     async with HookClient(bus_settings) as client:
         await wait_live(client, "CancellationHook")
         bus = HookBusAgents(client)
