@@ -428,11 +428,19 @@ async def test_an_edit_that_still_needs_approval_asks_again_and_runs_as_edited()
     assert str(tool_messages(out)["w1"].content).startswith("wrote 1 characters to b.txt\n\n")
 
 
-async def test_an_edit_no_hook_objects_to_runs_and_a_rejection_is_a_denial() -> None:
+async def test_an_edit_runs_as_the_hooks_leave_it_and_a_rejection_is_a_denial() -> None:
     paused = Paused("a.txt", "s-e3")
+
+    class Mover(Recorder):  # a hook that rewrites the edited call
+        async def pre_tool_use(self, ctx: Any) -> Any:
+            if ctx.tool_args["path"] == "notes/a.txt":
+                return MutateInput(updated_args={**ctx.tool_args, "path": "notes/b.txt"})
+            return None
+
+    paused.registry.add(Mover("mover", events=(HookEvent.PRE_TOOL_USE,)))
     await paused.start()
     await paused.answer(edit("notes/a.txt"))
-    assert paused.tools.ran == [("file_write", {"path": "notes/a.txt", "text": "x"})]
+    assert paused.tools.ran == [("file_write", {"path": "notes/b.txt", "text": "x"})]
 
     other = Paused("c.txt", "s-e4")
     await other.start()
