@@ -1,4 +1,5 @@
-"""docs/integrations.md's copy-paste starts run, and print what the page says they print.
+"""docs/integrations.md's copy-paste starts run, and print what the page says they print; its
+event tables for the OpenAI Agents SDK and LangChain match the frameworks and the adapters.
 
 Each ```sh block runs with ``bash -euo pipefail`` in a fresh directory, in a process group of
 its own (everything it starts in the background is stopped afterwards), with the virtualenv's
@@ -11,6 +12,7 @@ that follows it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import shutil
@@ -24,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from bus import HookEvent
 from workers.local.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,3 +107,72 @@ def test_copy_paste_start(
     said = err.read_text(errors="replace")[-3000:]
     assert status == 0, f"{heading}: exit {status}\n{said}"
     assert out.read_text().strip() == expected.strip(), f"{heading}\n{said}"
+
+
+# -- the frameworks' event tables ------------------------------------------------------------
+
+
+def table(heading: str) -> list[list[str]]:
+    """The cells of the rows of the first table after the ``### heading``."""
+    text = PAGE.read_text()
+    lines = text[text.index(f"\n### {heading}\n") :].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first + 2 :]:  # past the header and its rule
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+def named(cell: str) -> set[HookEvent]:
+    """The HookBus events a table's HookBus cell names: ``none``, or `Event`, `Event`, …"""
+    if cell == "none":
+        return set()
+    names = [n.strip() for n in cell.split(",")]
+    assert all(len(n) > 2 and n[0] == n[-1] == "`" for n in names), f"not `Event`s: {cell}"
+    return {HookEvent(n.strip("`")) for n in names}
+
+
+def dispatched(*modules: Any) -> set[HookEvent]:
+    """The events the modules' ``run_*`` calls dispatch (``run_pre_tool_use``: PreToolUse,
+    ``run_on_permission_request``: PermissionRequest, …)."""
+    events: set[HookEvent] = set()
+    for module in modules:
+        for call in re.findall(r"\.(run_[a-z_]+)\(", inspect.getsource(module)):
+            camel = "".join(w.title() for w in call.removeprefix("run_").split("_"))
+            (event,) = [e for e in HookEvent if camel in (e.value, f"On{e.value}")]
+            events.add(event)
+    return events
+
+
+def check(heading: str, framework_events: list[str], adapter: Any) -> None:
+    from agent_adapter.integrations import gate
+
+    rows = table(heading)
+    firsts = {row[0] for row in rows}
+    missing = [e for e in framework_events if f"`{e}`" not in firsts]
+    assert not missing, f"{heading}: not in the table: {missing}"
+    in_table = set().union(*(named(row[1]) for row in rows))
+    assert in_table == dispatched(adapter, gate), heading
+
+
+def test_the_openai_agents_table_has_every_run_hook_and_every_event_the_adapter_dispatches() -> (
+    None
+):
+    from agents import RunHooks
+
+    from agent_adapter.integrations import openai_agents
+
+    callbacks = [name for name in dir(RunHooks) if name.startswith("on_")]
+    check("The SDK's events and HookBus's", callbacks, openai_agents)
+
+
+def test_the_langchain_table_has_every_middleware_hook_and_every_event_it_dispatches() -> None:
+    from langchain.agents.middleware import AgentMiddleware
+
+    from agent_adapter.integrations import langchain
+
+    own = {n: v for n, v in vars(AgentMiddleware).items() if inspect.isfunction(v)}
+    hooks = [n for n in own if not n.startswith("_") and not (n[0] == "a" and n[1:] in own)]
+    check("LangChain's and LangGraph's events and HookBus's", hooks, langchain)

@@ -21,7 +21,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from agent_adapter.client import HookClient
-from agent_adapter.integrations.langchain import HookBusMiddleware, decide_interrupt
+from agent_adapter.integrations.langchain import (
+    HookBusMiddleware,
+    ask_by_interrupt,
+    decide_interrupt,
+)
 from bus import (
     Block,
     ConfigError,
@@ -31,6 +35,7 @@ from bus import (
     MutateOutput,
     Override,
     PermissionDecision,
+    PermissionRequired,
     SessionCancelled,
     ToolMatchFilter,
     TurnTerminal,
@@ -216,6 +221,19 @@ async def test_a_second_turn_on_a_thread_is_a_resumed_session() -> None:
     assert [(c.turn_index, c.is_resume) for _, c in seen.calls] == [(0, False), (1, True)]
 
 
+def reviewed(registry: HookRegistry, tools: Tools, calls: list[Any]) -> Any:
+    """An agent that makes ``calls``, each file_write reviewed by HumanInTheLoopMiddleware."""
+    return create_agent(
+        scripted(calls, "done"),
+        tools.all,
+        middleware=[
+            HumanInTheLoopMiddleware(interrupt_on={"file_write": True}),
+            HookBusMiddleware(registry),
+        ],
+        checkpointer=InMemorySaver(),
+    )
+
+
 async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_hooks() -> None:
     class Policy(Recorder):
         async def on_permission_request(self, ctx: Any) -> Any:
@@ -231,15 +249,7 @@ async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_ho
     tools = Tools()
     calls = [("file_write", {"path": p, "text": "x"}, f"w{i}")
              for i, p in enumerate(["tmp/a", "/etc/passwd", "home/b"])]  # fmt: skip
-    agent = create_agent(
-        scripted(calls, "done"),
-        tools.all,
-        middleware=[
-            HumanInTheLoopMiddleware(interrupt_on={"file_write": True}),
-            HookBusMiddleware(registry),
-        ],
-        checkpointer=InMemorySaver(),
-    )
+    agent = reviewed(registry, tools, calls)
     config = {"configurable": {"thread_id": "s-4"}}
     first = await agent.ainvoke(QUESTION, config)
     assert tools.ran == []
@@ -258,6 +268,210 @@ async def test_human_in_the_loop_interrupts_are_decided_by_permission_request_ho
     assert tool_messages(out)["w1"].content == (
         "User rejected the tool call for `file_write` with reason: policy: system files"
     )
+
+
+# -- ToolNode, create_react_agent and a hand-built StateGraph ------------------------------
+
+
+async def test_create_react_agent_with_a_hooked_tool_node() -> None:
+    import warnings
+
+    from langgraph.prebuilt import create_react_agent
+
+    tools = Tools()
+    middleware = HookBusMiddleware(guard_and_redactor())
+    with warnings.catch_warnings():  # LangGraph 1 moved it to langchain's create_agent
+        warnings.simplefilter("ignore", DeprecationWarning)
+        agent = create_react_agent(read_env_then_config(), tools=middleware.tool_node(tools.all))
+    out = await agent.ainvoke(QUESTION, {"configurable": {"thread_id": "s-r"}})
+    check_blocked_and_redacted(out, tools)
+
+
+def hand_built(model: ScriptedChat, middleware: HookBusMiddleware, tools: Tools) -> Any:
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+
+    async def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", call_model)
+    graph.add_node("tools", middleware.tool_node(tools.all))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph.compile()
+
+
+async def test_a_hand_built_state_graph_with_a_hooked_tool_node() -> None:
+    registry = guard_and_redactor()
+    seen = Recorder("seen")
+    registry.add(seen)
+    tools = Tools()
+    graph = hand_built(read_env_then_config(), HookBusMiddleware(registry), tools)
+    out = await graph.ainvoke(QUESTION, {"configurable": {"thread_id": "s-h"}})
+    check_blocked_and_redacted(out, tools)
+    await registry.drain()
+    events = [e for e, _ in seen.calls]  # the tool events only: a graph has no agent lifecycle
+    assert set(events) == {HookEvent.PRE_TOOL_USE, HookEvent.POST_TOOL_USE,
+                           HookEvent.PERMISSION_DENIED}  # fmt: skip
+    assert {c.session_id for _, c in seen.calls} == {"s-h"}
+
+
+def test_a_hooked_tool_node_in_a_synchronous_graph_goes_through_the_portal() -> None:
+    tools = Tools()
+    with start_blocking_portal() as portal:
+        registry = portal.call(_make_guard_and_redactor)
+        middleware = HookBusMiddleware(registry, portal=portal)
+        model = read_env_then_config()
+        from langgraph.graph import END, START, MessagesState, StateGraph
+        from langgraph.prebuilt import tools_condition
+
+        graph = StateGraph(MessagesState)
+        graph.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})
+        graph.add_node("tools", middleware.tool_node(tools.all))
+        graph.add_edge(START, "model")
+        graph.add_conditional_edges("model", tools_condition, ["tools", END])
+        graph.add_edge("tools", "model")
+        out = graph.compile().invoke(QUESTION)
+    check_blocked_and_redacted(out, tools)
+
+
+async def _make_guard_and_redactor() -> HookRegistry:
+    return guard_and_redactor()
+
+
+# -- a person asked with LangGraph's interrupt: approve, edit, reject ------------------------
+
+
+class WritePolicy(Recorder):
+    """No writes under /etc; writes outside notes/ need a person's approval."""
+
+    async def pre_tool_use(self, ctx: Any) -> Any:
+        self.calls.append((HookEvent.PRE_TOOL_USE, ctx))
+        path = str(ctx.tool_args.get("path", ""))
+        if path.startswith("/etc"):
+            return Block(reason="system files")
+        if not path.startswith("notes/"):
+            return PermissionRequired(permission="write", tool_name=ctx.tool_name)
+        return None
+
+
+def asking_agent(registry: HookRegistry, tools: Tools, path: str) -> Any:
+    return create_agent(
+        scripted([("file_write", {"path": path, "text": "x"}, "w1")], "done"),
+        tools.all,
+        middleware=[HookBusMiddleware(registry, approver=ask_by_interrupt)],
+        checkpointer=InMemorySaver(),
+    )
+
+
+class Paused:
+    """An agent whose file_write of ``path`` WritePolicy sent to a person: paused, waiting."""
+
+    def __init__(self, path: str, thread: str) -> None:
+        self.registry = HookRegistry()
+        self.policy = WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,))
+        self.registry.add(self.policy)
+        self.tools = Tools()
+        self.agent = asking_agent(self.registry, self.tools, path)
+        self.config = {"configurable": {"thread_id": thread}}
+
+    async def start(self) -> dict[str, Any]:
+        first: dict[str, Any] = await self.agent.ainvoke(QUESTION, self.config)
+        return first
+
+    async def answer(self, resume: Command) -> dict[str, Any]:  # type: ignore[type-arg]
+        out: dict[str, Any] = await self.agent.ainvoke(resume, self.config)
+        return out
+
+
+def edit(path: str) -> Command:  # type: ignore[type-arg]
+    action = {"name": "file_write", "args": {"path": path, "text": "x"}}
+    return Command(resume={"decisions": [{"type": "edit", "edited_action": action}]})
+
+
+APPROVE = Command(resume={"decisions": [{"type": "approve"}]})
+
+
+async def test_an_edited_call_is_checked_by_pre_tool_use_again() -> None:
+    paused = Paused("a.txt", "s-e")
+    first = await paused.start()
+    (asked,) = first["__interrupt__"]
+    assert asked.value == {
+        "action_requests": [{"name": "file_write", "args": {"path": "a.txt", "text": "x"},
+                             "description": "write (file_write)"}],
+        "review_configs": [{"action_name": "file_write",
+                            "allowed_decisions": ["approve", "edit", "reject"]}],
+    }  # fmt: skip
+    blocked = await paused.answer(edit("/etc/passwd"))  # the person's edit is refused
+    assert paused.tools.ran == []
+    assert tool_messages(blocked)["w1"].content == (
+        "Tool call blocked by a hook. policy: system files\n\n<system-reminder>\nA person edited "
+        'this file_write call: its arguments were {"path": "/etc/passwd", "text": "x"}\n'
+        "</system-reminder>"
+    )
+    # LangGraph re-runs the tools node on resume: the first call's PreToolUse again, then the edit's
+    paths = [c.tool_args["path"] for _, c in paused.policy.calls]
+    assert paths == ["a.txt", "a.txt", "/etc/passwd"]
+
+
+async def test_an_edit_that_still_needs_approval_asks_again_and_runs_as_edited() -> None:
+    paused = Paused("a.txt", "s-e2")
+    await paused.start()
+    again = await paused.answer(edit("b.txt"))
+    (asked,) = again["__interrupt__"]
+    assert asked.value["action_requests"][0]["args"] == {"path": "b.txt", "text": "x"}
+    assert paused.tools.ran == []
+    out = await paused.answer(APPROVE)
+    assert paused.tools.ran == [("file_write", {"path": "b.txt", "text": "x"})]
+    assert str(tool_messages(out)["w1"].content).startswith("wrote 1 characters to b.txt\n\n")
+
+
+async def test_an_edit_runs_as_the_hooks_leave_it_and_a_rejection_is_a_denial() -> None:
+    paused = Paused("a.txt", "s-e3")
+
+    class Mover(Recorder):  # a hook that rewrites the edited call
+        async def pre_tool_use(self, ctx: Any) -> Any:
+            if ctx.tool_args["path"] == "notes/a.txt":
+                return MutateInput(updated_args={**ctx.tool_args, "path": "notes/b.txt"})
+            return None
+
+    paused.registry.add(Mover("mover", events=(HookEvent.PRE_TOOL_USE,)))
+    await paused.start()
+    await paused.answer(edit("notes/a.txt"))
+    assert paused.tools.ran == [("file_write", {"path": "notes/b.txt", "text": "x"})]
+
+    other = Paused("c.txt", "s-e4")
+    await other.start()
+    out = await other.answer(Command(resume={"decisions": [{"type": "reject"}]}))
+    assert tool_messages(out)["w1"].content == (
+        "Permission denied: write (file_write) (the user said no)"
+    )
+    assert other.tools.ran == []
+
+
+async def test_an_answer_that_is_not_a_decision_fails_in_one_line() -> None:
+    paused = Paused("a.txt", "s-e5")
+    await paused.start()
+    other_tool = {"name": "file_read", "args": {"path": "x"}}
+    bad = Command(resume={"decisions": [{"type": "edit", "edited_action": other_tool}]})
+    with pytest.raises(ConfigError, match="the answer to file_write's approval is not one dec"):
+        await paused.answer(bad)
+    assert paused.tools.ran == []
+
+
+async def test_a_human_in_the_loop_edit_is_checked_by_pre_tool_use() -> None:
+    registry = HookRegistry()
+    registry.add(WritePolicy("policy", events=(HookEvent.PRE_TOOL_USE,)))
+    tools = Tools()
+    agent = reviewed(registry, tools, [("file_write", {"path": "notes/a.txt", "text": "x"}, "w1")])
+    config = {"configurable": {"thread_id": "s-hitl"}}
+    await agent.ainvoke(QUESTION, config)
+    out = await agent.ainvoke(edit("/etc/passwd"), config)
+    assert tools.ran == []
+    said = str(tool_messages(out)["w1"].content)  # after LangChain's note on the edit
+    assert said.endswith("\n\nTool response:\nTool call blocked by a hook. policy: system files")
 
 
 # -- distributed: the hooks are served by worker processes ----------------------------------
@@ -344,3 +558,18 @@ def test_without_the_extra_the_import_says_which_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 1
     assert "pip install 'hookbus[langgraph]'" in out.stderr.splitlines()[-1]
+
+
+async def test_a_pause_for_a_person_neither_stops_nor_restarts_the_session() -> None:
+    paused = Paused("a.txt", "s-p")
+    seen = Recorder("seen", events=(HookEvent.ON_SESSION_START, HookEvent.ON_SESSION_STOP))
+    paused.registry.add(seen)
+    first = await paused.start()
+    assert first["__interrupt__"]
+    assert [e for e, _ in seen.calls] == [HookEvent.ON_SESSION_START]  # paused: no stop
+    await paused.answer(APPROVE)
+    assert [(e, c.session_id) for e, c in seen.calls] == [
+        (HookEvent.ON_SESSION_START, "s-p"),
+        (HookEvent.ON_SESSION_STOP, "s-p"),  # the resumed invocation ends it; no second start
+    ]
+    assert seen.calls[1][1].terminal == TurnTerminal.COMPLETED

@@ -224,6 +224,21 @@ async def test_permission_required_with_nobody_to_ask_is_denied() -> None:
     assert [c.tool_name for _, c in denied.calls] == ["file_write"]
 
 
+def deleter(*paths: str) -> tuple[Any, list[str], ScriptedModel]:
+    """A ``delete`` tool that needs approval, the paths it deleted, and a model that asks it to
+    delete ``paths`` (call ids d0, d1, …), then answers "done"."""
+    ran: list[str] = []
+
+    @function_tool(needs_approval=True)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        ran.append(path)
+        return f"deleted {path}"
+
+    calls = [function_call("delete", {"path": p}, call_id=f"d{i}") for i, p in enumerate(paths)]
+    return delete, ran, ScriptedModel([calls, [assistant_message("done")]])
+
+
 async def test_pending_approvals_are_decided_by_permission_request_hooks() -> None:
     class Policy(Recorder):
         async def on_permission_request(self, ctx: Any) -> Any:
@@ -238,21 +253,7 @@ async def test_pending_approvals_are_decided_by_permission_request_hooks() -> No
     registry = HookRegistry()
     policy = Policy("policy", events=(HookEvent.PERMISSION_REQUEST,))
     registry.add(policy)
-    ran: list[str] = []
-
-    @function_tool(needs_approval=True)
-    def delete(path: str) -> str:
-        """Delete a file."""
-        ran.append(path)
-        return f"deleted {path}"
-
-    model = ScriptedModel(
-        [
-            [function_call("delete", {"path": p}, call_id=f"d{i}")
-             for i, p in enumerate(["tmp/x", "/etc/passwd", "home/notes"])],
-            [assistant_message("done")],
-        ]
-    )  # fmt: skip
+    delete, ran, model = deleter("tmp/x", "/etc/passwd", "home/notes")
     bus = HookBusAgents(registry)
     agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
     first = await bus.run(agent, "clean up", session_id="s-3")
@@ -477,4 +478,200 @@ async def test_a_cancellation_stops_a_bare_runner_run_too() -> None:
     with pytest.raises(UserError) as raised:
         await Runner.run(agent, "go")
     assert isinstance(raised.value.__cause__, SessionCancelled)
+    assert tools.ran == []
+
+
+# -- the SDK's own observability, and a session across a pause for approvals ---------------
+
+
+class Spans:
+    """A trace provider of the SDK's that keeps the spans it ends (nothing is exported)."""
+
+    def __init__(self) -> None:
+        from agents.tracing import TracingProcessor
+        from agents.tracing.provider import DefaultTraceProvider
+
+        ended: list[Any] = []
+
+        class Keep(TracingProcessor):
+            def on_trace_start(self, trace: Any) -> None: ...
+            def on_trace_end(self, trace: Any) -> None: ...
+            def on_span_start(self, span: Any) -> None: ...
+            def on_span_end(self, span: Any) -> None:
+                ended.append(span)
+
+            def shutdown(self) -> None: ...
+            def force_flush(self) -> None: ...
+
+        self.ended = ended
+        self.provider = DefaultTraceProvider()
+        self.provider.set_processors([Keep()])
+        self.provider.set_disabled(False)
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [s.span_data.export() for s in self.ended if s.span_data.type == kind]
+
+
+@pytest.fixture
+def spans() -> Any:
+    from agents.tracing import get_trace_provider, set_trace_provider
+
+    kept, previous = Spans(), get_trace_provider()
+    set_trace_provider(kept.provider)
+    try:
+        yield kept
+    finally:
+        set_trace_provider(previous)
+
+
+async def test_a_block_is_a_tool_guardrail_rejection_in_the_sdks_results_and_trace(
+    spans: Spans,
+) -> None:
+    from agents import RunHooks
+
+    class Ends(RunHooks[Any]):
+        def __init__(self) -> None:
+            self.started: list[str] = []
+            self.ended: list[str] = []
+
+        async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+            self.started.append(context.tool_call_id)
+
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+            self.ended.append(context.tool_call_id)
+
+    tools = Tools()
+    ends = Ends()
+    bus = HookBusAgents(guard_and_redactor())
+    agent = bus.wrap(Agent(name="main", model=read_env_then_config(), tools=[tools.file_read]))
+    result = await bus.run(agent, "read both files", session_id="s-g", hooks=ends)
+
+    assert tools.ran == [("file_read", {"path": "config.txt"})]
+    got = [(r.guardrail.get_name(), r.output.behavior) for r in result.tool_input_guardrail_results]
+    assert got == [
+        ("HookBus", {"type": "reject_content", "message": (
+            "Tool call blocked by a hook. SecretGuard: .env files hold secrets; "
+            "file_read on them is not allowed")}),
+        ("HookBus", {"type": "allow"}),
+    ]  # fmt: skip
+    assert result.tool_input_guardrail_results[0].output.output_info == {
+        "session_id": "s-g",
+        "rewritten": False,
+    }
+    assert spans.of_type("guardrail") == [
+        {"type": "guardrail", "name": "HookBus", "triggered": True},
+        {"type": "guardrail", "name": "HookBus", "triggered": False},
+    ]
+    assert ends.started == ends.ended == ["c2"]  # the blocked call never started
+
+
+async def test_a_resumed_run_continues_the_session_it_paused_in() -> None:
+    registry = HookRegistry()
+    seen = Recorder("seen")
+    registry.add(seen)
+    delete, ran, model = deleter("tmp/x")
+    bus = HookBusAgents(registry)
+    agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
+
+    first = await bus.run(agent, "clean up", session_id="s-r")
+    assert len(first.interruptions) == 1 and ran == []
+    state = first.to_state()  # the SDK's own way, not decide_approvals
+    state.approve(state.get_interruptions()[0])
+    second = await bus.run(agent, state)  # no session_id: the state carries it
+
+    assert second.final_output == "done" and ran == ["tmp/x"]
+    await registry.drain()
+    assert {c.session_id for e, c in seen.calls if hasattr(c, "session_id")} == {"s-r"}
+    starts = [c.is_resume for e, c in seen.calls if e == HookEvent.ON_SESSION_START]
+    assert starts == [False, True]
+    stops = [c.terminal for e, c in seen.calls if e == HookEvent.ON_SESSION_STOP]
+    assert stops == [TurnTerminal.COMPLETED, TurnTerminal.COMPLETED]  # the pause, the end
+    assert [e for e, _ in seen.calls].count(HookEvent.PRE_TOOL_USE) == 1  # the resumed call's
+
+
+async def test_a_state_that_carries_no_session_needs_one() -> None:
+    from agents import RunState
+
+    from bus import ConfigError
+
+    delete, ran, model = deleter("tmp/x")
+    bus = HookBusAgents(HookRegistry())
+    agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
+    first = await bus.run(agent, "clean up", session_id="s-r")
+    restored = await RunState.from_string(agent, first.to_state().to_string())
+    restored.approve(restored.get_interruptions()[0])
+    with pytest.raises(ConfigError, match="the state carries no HookBus session"):
+        await bus.run(agent, restored)
+    assert ran == []
+    second = await bus.run(agent, restored, session_id="s-r")
+    assert second.final_output == "done" and ran == ["tmp/x"]
+
+
+async def test_an_adapter_made_with_a_session_resumes_a_restored_state_in_it() -> None:
+    from agents import RunState
+
+    registry = HookRegistry()
+    seen = Recorder("seen", events=(HookEvent.ON_SESSION_START, HookEvent.PRE_TOOL_USE))
+    registry.add(seen)
+    delete, ran, model = deleter("tmp/x")
+    bus = HookBusAgents(registry, session_id="s-fixed")
+    agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
+    first = await bus.run(agent, "clean up")
+    restored = await RunState.from_string(agent, first.to_state().to_string())
+    restored.approve(restored.get_interruptions()[0])
+    await bus.run(agent, restored)
+    assert ran == ["tmp/x"]
+    assert {c.session_id for _, c in seen.calls} == {"s-fixed"}
+
+
+async def test_a_cancel_while_paused_refuses_the_resumed_runs_calls(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    procs.worker(bus_settings, "workers.builtins.cancellation:RedisCancellationHook", "cancel")
+    delete, ran, model = deleter("tmp/x")
+    async with HookClient(bus_settings) as client:
+        await wait_live(client, "CancellationHook")
+        bus = HookBusAgents(client)
+        agent = bus.wrap(Agent(name="main", model=model, tools=[delete]))
+        first = await bus.run(agent, "clean up", session_id="s-p")
+        state, pending = await bus.decide_approvals(first)
+        state.approve(pending[0])  # the person says yes, but meanwhile:
+        await client.cancel("s-p")  # what `hookbus cancel s-p` does
+        with pytest.raises(SessionCancelled, match="session s-p was cancelled"):
+            await bus.run(agent, state)
+    assert ran == []
+
+
+async def test_the_approver_gets_the_tool_its_arguments_as_hooks_left_them_and_the_reason() -> None:
+    registry = HookRegistry()
+    registry.add(Recorder("ask", PermissionRequired(permission="write", tool_name="file_write"),
+                          events=(HookEvent.PRE_TOOL_USE,)))  # fmt: skip
+    registry.add(Recorder("notes", MutateInput(updated_args={"path": "notes/a", "text": "x"}),
+                          events=(HookEvent.PRE_TOOL_USE,)))  # fmt: skip
+    asked: list[tuple[str, dict[str, Any], str]] = []
+
+    async def approver(tool_name: str, args: Any, reason: str) -> bool | None:
+        asked.append((tool_name, dict(args), reason))
+        return args["path"].startswith("notes/")
+
+    tools = Tools()
+    model = ScriptedModel(
+        [[function_call("file_write", {"path": "a", "text": "x"}, call_id="w1")],
+         [assistant_message("ok")]]
+    )  # fmt: skip
+    bus = HookBusAgents(registry, approver=approver)
+    await bus.run(bus.wrap(Agent(name="main", model=model, tools=[tools.file_write])), "write")
+    assert asked == [("file_write", {"path": "notes/a", "text": "x"}, "write (file_write)")]
+    assert tools.ran == [("file_write", {"path": "notes/a", "text": "x"})]
+
+
+async def test_a_call_whose_guardrail_did_not_run_is_checked_by_its_invoker() -> None:
+    from agents.tool_context import ToolContext
+
+    tools = Tools()
+    hooked = HookBusAgents(guard_and_redactor(), session_id="s-i").wrap_tool(tools.file_read)
+    arguments = '{"path": ".env"}'
+    ctx = ToolContext(None, tool_name="file_read", tool_call_id="x", tool_arguments=arguments)
+    said = await hooked.on_invoke_tool(ctx, arguments)  # not through the SDK's loop
+    assert said.startswith("Tool call blocked by a hook. SecretGuard")
     assert tools.ran == []

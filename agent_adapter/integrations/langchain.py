@@ -19,25 +19,17 @@ through HookBus:
   gets PostToolUseFailure, and the exception goes on. A tool that returns a LangGraph
   ``Command`` is passed on as it is (it has no output to rewrite).
 
-The rest of the loop:
-
-=======================  ======================================================================
-LangChain / LangGraph    HookBus
-=======================  ======================================================================
-``before_agent``         OnSessionStart (``turn_index``: the human messages before this one;
-                         ``is_resume`` when it is not the first)
-``after_model``          OnStepComplete (``step``: model calls in this invocation,
-                         ``max_steps``: the run's ``recursion_limit``)
-``after_agent``          OnSessionStop ``Completed`` (LangGraph runs no ``after_agent`` for an
-                         invocation that raises: such a run has no OnSessionStop, but for a
-                         cancelled one: ``Cancelled``, then ``SessionCancelled`` is raised)
-``HumanInTheLoop         ``decide_interrupt(hooks, value)``: PermissionRequest hooks approve or
-Middleware`` interrupt   reject each call it stopped for; the rest are left to a person
-=======================  ======================================================================
-
-LangChain has no subagent of its own (a subagent is a tool that runs another agent), so there
-are no OnSubagentStart / OnSubagentStop. The session is the run's ``thread_id``
-(``config["configurable"]["thread_id"]``), else the middleware's ``session_id``.
+``middleware.tool_node(tools)`` is a LangGraph ``ToolNode`` with the same wrappers, for
+``create_react_agent`` and hand-built ``StateGraph``s (tool events only: a graph has no
+middleware lifecycle). The rest of ``create_agent``'s loop: ``before_agent`` is OnSessionStart,
+``after_model`` OnStepComplete, ``after_agent`` OnSessionStop (``Cancelled`` for a cancelled
+session, then ``SessionCancelled`` is raised); ``decide_interrupt`` runs PermissionRequest hooks
+on a ``HumanInTheLoopMiddleware`` interrupt; ``approver=ask_by_interrupt`` asks a person about a
+hook's ``PermissionRequired`` with LangGraph's ``interrupt`` (approve / edit / reject; an edit is
+checked by PreToolUse from the start). Every LangChain hook and its HookBus counterpart, or none,
+and what a pause does to the session, is in docs/integrations.md's table
+(tests/test_integrations_doc.py checks it against this module). The session is the run's
+``thread_id`` (``config["configurable"]["thread_id"]``), else the middleware's ``session_id``.
 
 Synchronous ``invoke`` works too: HookBus's runners are asyncio objects bound to the event loop
 that made them, so the middleware then needs ``portal=``, an anyio ``BlockingPortal`` whose loop
@@ -51,6 +43,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 try:
@@ -58,8 +51,9 @@ try:
     from langchain.agents.middleware import AgentMiddleware
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from langgraph.config import get_config
-    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.prebuilt.tool_node import ToolCallRequest, ToolNode
     from langgraph.runtime import Runtime
+    from langgraph.types import interrupt
 except ModuleNotFoundError as exc:  # say which extra brings it, not only which module is missing
     raise ModuleNotFoundError(
         f"{exc}: HookBus's LangChain/LangGraph middleware needs pip install 'hookbus[langgraph]'",
@@ -77,9 +71,51 @@ from bus import (
     SessionStopContext,
     StepCompleteContext,
     TurnTerminal,
+    render_system_reminder,
 )
 
 ToolResult = Any  # ToolMessage | langgraph.types.Command
+DECISIONS = ["approve", "edit", "reject"]  # what ask_by_interrupt's person may answer
+
+
+class _Edited(Exception):
+    """A person answered ``ask_by_interrupt`` with edited arguments: a new call to check."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        super().__init__("the call was edited")
+        self.edited = args
+
+
+async def ask_by_interrupt(tool_name: str, args: Mapping[str, Any], reason: str) -> bool:
+    """An ``approver`` that asks a person with LangGraph's ``interrupt``: the run pauses (it
+    needs a checkpointer) with a ``HumanInTheLoopMiddleware``-shaped request (``action_requests``
+    with the call as the hooks left it and the hook's reason as its ``description``), and is
+    resumed with ``Command(resume={"decisions": [decision]})``: ``{"type": "approve"}``,
+    ``{"type": "reject"}``, or ``{"type": "edit", "edited_action": {"name": tool_name, "args":
+    {...}}}``. An edit is a new call: PreToolUse checks the edited arguments from the start (a
+    hook may block or rewrite them, or ask again), never run unchecked."""
+    answer = interrupt(
+        {
+            "action_requests": [{"name": tool_name, "args": dict(args), "description": reason}],
+            "review_configs": [{"action_name": tool_name, "allowed_decisions": DECISIONS}],
+        }
+    )
+    decisions = answer.get("decisions") if isinstance(answer, Mapping) else None
+    decision = decisions[0] if isinstance(decisions, list) and len(decisions) == 1 else None
+    kind = decision.get("type") if isinstance(decision, Mapping) else None
+    if kind == "approve":
+        return True
+    if kind == "reject":
+        return False
+    edited = decision.get("edited_action") if kind == "edit" and decision else None
+    if not isinstance(edited, Mapping) or edited.get("name", tool_name) != tool_name:
+        edited = None  # not an edit, or one of another tool
+    if edited is not None and isinstance(edited.get("args"), Mapping):
+        raise _Edited(dict(edited["args"]))
+    raise ConfigError(
+        f"the answer to {tool_name}'s approval is not one decision of {DECISIONS} on that "
+        f"tool (an edit names the tool and gives args): {answer!r}"
+    )
 
 
 def _session(config: Mapping[str, Any] | None, default: str) -> str:
@@ -117,7 +153,10 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         hooks: ``HookRegistry`` (embedded) or ``HookClient`` (distributed).
         session_id: the session of runs without a ``thread_id``; a fresh id by default.
         approver: asks a person when a PreToolUse hook answers ``PermissionRequired`` and no
-            PermissionRequest hook decides; without one those calls are denied.
+            PermissionRequest hook decides: ``async def approver(tool_name, args, reason) ->
+            bool | None`` (``agent_adapter.executor.Approver``: ``True`` runs the call, ``False``
+            or ``None`` denies it), or ``ask_by_interrupt``, which pauses the run with LangGraph's
+            ``interrupt`` and takes approve / edit / reject. Without one those calls are denied.
         portal: for synchronous ``invoke``/``stream``: a portal into the loop that owns ``hooks``.
     """
 
@@ -212,7 +251,36 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         await self._stop(_session(_node_config(), self.session_id), state)
         return None
 
+    def tool_node(self, tools: Any, **kwargs: Any) -> ToolNode:
+        """A LangGraph ``ToolNode`` of ``tools`` whose every call goes through HookBus: for
+        ``create_react_agent(model, tools=middleware.tool_node(tools))`` and a hand-built
+        ``StateGraph``'s tools node. ``kwargs`` go to ``ToolNode``."""
+        return ToolNode(
+            tools,
+            wrap_tool_call=self.wrap_tool_call,
+            awrap_tool_call=self.awrap_tool_call,
+            **kwargs,
+        )
+
     # -- tool calls -------------------------------------------------------------------------
+
+    async def _check(self, session: str, name: str, args: dict[str, Any], step: int) -> Verdict:
+        """PreToolUse (and PermissionRequest); a person's edit (``ask_by_interrupt``) is a new
+        call, checked from the start, and the model is told of it after the call's output."""
+        asked = args
+        while True:
+            try:
+                verdict = await self.gate.before(session, name, args, step=step)
+            except _Edited as edit:
+                args = edit.edited
+                continue
+            if args is asked:
+                return verdict
+            shown = json.dumps(args, ensure_ascii=False)
+            note = render_system_reminder(
+                f"A person edited this {name} call: its arguments were {shown}"
+            )
+            return replace(verdict, reminders=(*verdict.reminders, note))
 
     def _before(self, request: ToolCallRequest) -> tuple[str, str, int]:
         config = getattr(request.runtime, "config", None)
@@ -231,7 +299,7 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
 
     @staticmethod
     def _rewritten(request: ToolCallRequest, verdict: Verdict) -> ToolCallRequest:
-        if not verdict.rewritten:
+        if verdict.args == request.tool_call.get("args"):  # neither a hook nor a person edited
             return request
         return request.override(tool_call={**request.tool_call, "args": verdict.args})
 
@@ -254,7 +322,7 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     ) -> ToolResult:
         session, name, step = self._before(request)
         args = dict(request.tool_call.get("args") or {})
-        verdict = await self.gate.before(session, name, args, step=step)
+        verdict = await self._check(session, name, args, step)
         if verdict.cancelled:
             await self._cancelled(session, request, verdict)
         if verdict.refusal is not None:
@@ -285,7 +353,7 @@ class HookBusMiddleware(AgentMiddleware):  # type: ignore[type-arg]
     ) -> ToolResult:
         session, name, step = self._before(request)
         args = dict(request.tool_call.get("args") or {})
-        verdict: Verdict = self._call(self.gate.before, session, name, args, step=step)
+        verdict: Verdict = self._call(self._check, session, name, args, step)
         if verdict.cancelled:
             self._call(self._cancelled, session, request, verdict)
         if verdict.refusal is not None:

@@ -7,14 +7,19 @@
     result = await bus.run(agent, "question", session_id="s-1")
 
 ``wrap`` returns a copy of the agent (``Agent.clone``) whose every ``FunctionTool`` is a copy
-with a HookBus invoker in front of the SDK's own (``on_invoke_tool``, the SDK's documented way
-in: it gets the call's arguments as JSON and returns its output). Why not the SDK's tool
-guardrails: they can reject a call or replace its output, but not rewrite its arguments, which
-PreToolUse ``MutateInput`` needs. So the tool runs after the SDK's approvals, guardrails and
-``on_tool_start``, and PreToolUse runs just before its body:
+with a HookBus tool input guardrail (``tool_input_guardrails``, after the tool's own) and a
+HookBus invoker in front of the SDK's own (``on_invoke_tool``):
 
-* PreToolUse ``Block``: the body does not run; the model gets the refusal as the tool's output.
-* PreToolUse ``MutateInput``: the body runs with the rewritten arguments.
+* the guardrail runs PreToolUse (the SDK runs tool input guardrails after its approvals, before
+  ``on_tool_start`` and the tool's body). ``Block``: it answers ``reject_content`` with the
+  refusal, which the model gets as the tool's output; the call is in the run's
+  ``tool_input_guardrail_results`` and a guardrail span (``HookBus``, ``triggered``), and has no
+  ``on_tool_start`` / ``on_tool_end``, as for any guardrail's rejection. Otherwise it answers
+  ``allow``.
+* the invoker runs the tool with the arguments PreToolUse left (``MutateInput``: a guardrail can
+  reject a call but not rewrite its arguments, so the rewrite is applied here), then PostToolUse.
+  A call whose guardrail did not run (a tool invoked outside the SDK's loop) gets its PreToolUse
+  here: no call runs unchecked.
 * PostToolUse ``MutateOutput``: the model gets the rewritten output. Output that is not text
   (``ToolOutputImage``, a dict, …) is shown to hooks as ``str(output)``, and passed on unchanged
   unless a hook rewrote it.
@@ -23,24 +28,17 @@ PreToolUse ``MutateInput`` needs. So the tool runs after the SDK's approvals, gu
   (``failure_error_function=None``) gets PostToolUseFailure, and the exception goes on.
 
 ``run`` is ``Runner.run`` framed by the session events, with a ``RunHooks`` that maps the SDK's
-lifecycle onto HookBus's (``HookBusRunHooks``; a ``hooks=`` you pass is still called):
+lifecycle onto HookBus's (``HookBusRunHooks``; a ``hooks=`` you pass is still called). Every
+SDK event and its HookBus counterpart, or none, is in docs/integrations.md's table
+(tests/test_integrations_doc.py checks it against this module).
 
-==============================  ===============================================================
-SDK                             HookBus
-==============================  ===============================================================
-``Runner.run`` starts           OnSessionStart (``is_resume`` when the input is a ``RunState``)
-``on_llm_end``                  OnStepComplete (``step`` counts model calls, ``max_steps`` is
-                                ``max_turns``)
-``on_handoff``                  OnSubagentStart (``subagent_name`` is the agent handed to)
-``on_agent_end`` of an agent    OnSubagentStop (``result_summary``: its final output as text)
-handed to
-``Runner.run`` ends             OnSessionStop: ``Completed`` (also when it stops for
-                                approvals), ``MaxSteps`` (``MaxTurnsExceeded``), ``Cancelled``
-                                (``hookbus cancel``, or the task was cancelled), ``Error`` (the
-                                exception goes on)
-tools with ``needs_approval``   ``decide_approvals(result)``: PermissionRequest hooks approve or
-                                reject each pending call; the rest are left to a person
-==============================  ===============================================================
+A run that stops for approvals (``needs_approval``) keeps its session when it is resumed: ``run``
+marks the session on the result's run context, which ``result.to_state()`` copies, so
+``bus.run(agent, state)`` continues the session it paused in (OnSessionStart ``is_resume``); a
+cancel of that session refuses the resumed half's calls too. A state that carries no mark (one
+restored with ``RunState.from_string``) needs ``session_id=``, unless the adapter was made with
+one, or the run has an SDK ``session=``: otherwise ``run`` refuses it with a ``ConfigError``
+rather than split the session.
 
 ``hookbus cancel SESSION`` stops the session's run at its next tool call: the call does not
 run, OnSessionStop says ``Cancelled`` and ``run`` raises ``SessionCancelled``. Tools the
@@ -67,6 +65,12 @@ try:
     from agents.run_context import RunContextWrapper
     from agents.run_state import RunState
     from agents.tool_context import ToolContext
+    from agents.tool_guardrails import (
+        ToolGuardrailFunctionOutput,
+        ToolInputGuardrail,
+        ToolInputGuardrailData,
+    )
+    from agents.tracing import guardrail_span
 except ModuleNotFoundError as exc:  # say which extra brings it, not only which module is missing
     raise ModuleNotFoundError(
         f"{exc}: HookBus's OpenAI Agents SDK adapter needs pip install 'hookbus[openai-agents]'",
@@ -74,8 +78,9 @@ except ModuleNotFoundError as exc:  # say which extra brings it, not only which 
     ) from exc
 
 from agent_adapter.executor import Approver
-from agent_adapter.integrations.gate import ToolGate, elapsed_ms
+from agent_adapter.integrations.gate import ToolGate, Verdict, elapsed_ms
 from bus import (
+    ConfigError,
     EventRunner,
     PermissionDecision,
     SessionCancelled,
@@ -89,6 +94,10 @@ from bus import (
 
 DEFAULT_MAX_TURNS = 10  # the SDK's own default for Runner.run
 NON_OBJECT_INPUT = "input"  # where arguments that are not a JSON object are shown to hooks
+GUARDRAIL_NAME = "HookBus"  # the tool input guardrail's name in results and spans
+#: The attribute of a run's ``RunContextWrapper`` that holds its HookBus session: the SDK's
+#: ``to_state()`` copies the wrapper (``copy.copy``), so a paused run's state carries it.
+SESSION_MARK = "_hookbus_session_id"
 
 
 @dataclass
@@ -101,6 +110,15 @@ class _Run:
 
 
 _current: ContextVar[_Run | None] = ContextVar("hookbus_openai_agents_run", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A call's PreToolUse, from the guardrail to the invoker of the same call."""
+
+    session: str
+    step: int
+    verdict: Verdict
 
 
 def _as_args(arguments: str) -> dict[str, Any]:
@@ -134,13 +152,10 @@ class HookedInvoker:
         self.original = original
 
     async def __call__(self, ctx: ToolContext[Any], arguments: str) -> Any:
-        run = _current.get()
-        session = run.session_id if run is not None else self.bus.session_id
-        step = run.steps if run is not None else 0
-        args = _as_args(arguments)
-        verdict = await self.bus.gate.before(session, self.tool_name, args, step=step)
-        if verdict.cancelled:
-            raise SessionCancelled(f"session {session} was cancelled: {verdict.refusal}")
+        checked = self.bus._checked.pop(ctx, None)
+        if checked is None:  # the guardrail did not run for this call: PreToolUse here
+            checked = await self.bus._pre_tool_use(self.tool_name, arguments)
+        session, step, verdict = checked.session, checked.step, checked.verdict
         if verdict.refusal is not None:
             return "\n\n".join([verdict.refusal, *verdict.reminders])
         if verdict.rewritten:
@@ -170,6 +185,31 @@ class HookedInvoker:
             reminders=verdict.reminders,
         )
         return output if final == text else final
+
+
+class HookBusGuardrail:
+    """A ``ToolInputGuardrail``'s function: PreToolUse, in the SDK's own tool guardrail step."""
+
+    def __init__(self, bus: HookBusAgents, tool_name: str) -> None:
+        self.bus = bus
+        self.tool_name = tool_name
+
+    async def __call__(self, data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        ctx = data.context
+        with guardrail_span(GUARDRAIL_NAME) as span:
+            try:
+                checked = await self.bus._pre_tool_use(self.tool_name, ctx.tool_arguments)
+            except SessionCancelled:
+                span.span_data.triggered = True
+                raise
+            verdict = checked.verdict
+            span.span_data.triggered = verdict.refusal is not None
+        info = {"session_id": checked.session, "rewritten": verdict.rewritten}
+        if verdict.refusal is not None:
+            message = "\n\n".join([verdict.refusal, *verdict.reminders])
+            return ToolGuardrailFunctionOutput.reject_content(message, output_info=info)
+        self.bus._checked[ctx] = checked  # for the invoker of this call
+        return ToolGuardrailFunctionOutput.allow(output_info=info)
 
 
 class HookBusRunHooks(RunHooks[Any]):
@@ -249,7 +289,11 @@ class HookBusAgents:
         session_id: the session of tool calls made outside ``run`` (``Runner.run`` called
             directly); a fresh id by default.
         approver: asks a person when a PreToolUse hook answers ``PermissionRequired`` and no
-            PermissionRequest hook decides; without one those calls are denied.
+            PermissionRequest hook decides: ``async def approver(tool_name: str, args:
+            Mapping[str, Any], reason: str) -> bool | None`` (``agent_adapter.executor.Approver``)
+            gets the call's arguments as the hooks left them and the hook's reason; ``True``
+            runs the call, ``False`` denies it, ``None`` (or no answer within 30 s) denies it as
+            unanswered. Without one those calls are denied.
     """
 
     def __init__(
@@ -262,7 +306,36 @@ class HookBusAgents:
         self.hooks = hooks
         self.gate = ToolGate(hooks, approver=approver)
         self.session_id = session_id or f"openai-agents-{uuid.uuid4().hex[:12]}"
-        self._sessions: dict[int, str] = {}  # the session of each live RunResult of run()
+        self._named = session_id is not None
+        # each call's PreToolUse, from its guardrail to its invoker (gone with the call)
+        self._checked: weakref.WeakKeyDictionary[ToolContext[Any], _Checked] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def _pre_tool_use(self, tool_name: str, arguments: str) -> _Checked:
+        """PreToolUse on a call in the run of this task; ``SessionCancelled`` if the session was
+        cancelled."""
+        run = _current.get()
+        session = run.session_id if run is not None else self.session_id
+        step = run.steps if run is not None else 0
+        verdict = await self.gate.before(session, tool_name, _as_args(arguments), step=step)
+        if verdict.cancelled:
+            raise SessionCancelled(f"session {session} was cancelled: {verdict.refusal}")
+        return _Checked(session, step, verdict)
+
+    def _session_of(self, input: Any, session_id: str | None, sdk_session: Any) -> str:
+        """The run's session: ``session_id``, else the one a paused run's state carries, else
+        the SDK session's, else the adapter's (for a state: only one it was made with)."""
+        paused = getattr(getattr(input, "_context", None), SESSION_MARK, None)
+        session = session_id or paused or getattr(sdk_session, "session_id", None)
+        if session:
+            return str(session)
+        if isinstance(input, RunState) and not self._named:
+            raise ConfigError(
+                "bus.run(agent, state): the state carries no HookBus session (restored from "
+                "a string?); pass session_id=, the session the run paused in"
+            )
+        return self.session_id
 
     def wrap_tool(self, tool: FunctionTool) -> FunctionTool:
         """A copy of ``tool`` whose calls go through HookBus (a hooked tool is returned as is)."""
@@ -270,6 +343,10 @@ class HookBusAgents:
             return tool
         hooked = copy.copy(tool)  # the SDK's __copy__ rebinds its invoker to the copy
         hooked.on_invoke_tool = HookedInvoker(self, tool.name, hooked.on_invoke_tool)
+        guardrail: ToolInputGuardrail[Any] = ToolInputGuardrail(
+            HookBusGuardrail(self, tool.name), name=GUARDRAIL_NAME
+        )
+        hooked.tool_input_guardrails = [*(tool.tool_input_guardrails or []), guardrail]
         return hooked
 
     def wrap(self, agent: Agent[Any], _seen: dict[int, Agent[Any]] | None = None) -> Agent[Any]:
@@ -295,10 +372,10 @@ class HookBusAgents:
         **kwargs: Any,
     ) -> RunResult:
         """``Runner.run(agent, input, …)`` with OnSessionStart before it, OnSessionStop after it
-        (whatever happens), and steps and handoffs in between. ``session_id`` defaults to that of
-        an SDK ``session=`` passed in ``kwargs``, else this adapter's."""
-        sdk_session = kwargs.get("session")
-        session = session_id or getattr(sdk_session, "session_id", None) or self.session_id
+        (whatever happens), and steps and handoffs in between. ``session_id`` defaults to the
+        session a paused run's ``RunState`` carries, else that of an SDK ``session=`` passed in
+        ``kwargs``, else this adapter's."""
+        session = self._session_of(input, session_id, kwargs.get("session"))
         run = _Run(session)
         token = _current.set(run)
         try:
@@ -315,8 +392,7 @@ class HookBusAgents:
                     **kwargs,
                 )
                 terminal = TurnTerminal.COMPLETED
-                self._sessions[id(result)] = session  # for decide_approvals(result)
-                weakref.finalize(result, self._sessions.pop, id(result), None)
+                setattr(result.context_wrapper, SESSION_MARK, session)  # to_state() copies it
                 return result
             except MaxTurnsExceeded:
                 terminal = TurnTerminal.MAX_STEPS
@@ -345,7 +421,8 @@ class HookBusAgents:
         (``bus.run(agent, state)``) and the calls still waiting for a person. The session is
         that of the ``run`` that returned ``result``, unless ``session_id`` says otherwise."""
         state = result.to_state()
-        session = session_id or self._sessions.get(id(result), self.session_id)
+        paused = getattr(result.context_wrapper, SESSION_MARK, None)
+        session = session_id or paused or self.session_id
         pending: list[ToolApprovalItem] = []
         for item in result.interruptions:
             args = _as_args(item.arguments or "")
