@@ -14,6 +14,7 @@ from typing import Any
 
 from agent_adapter.client import HookClient
 from bus.settings import BusSettings, HookSettings
+from tests.harness import until, worker_env
 from workers.testing import context, wait_for_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,47 @@ def test_the_service_decides_and_reloads(
         "rewrite, session, tenants, tools); rule 1 (no-env-files): decision must be one of deny, "
         "ask, allow, context, rewrite, redact, not None"
     )
+
+
+def policy_row(settings: BusSettings) -> list[str]:
+    """The cells of Policy's row of ``hookbus hooks list`` (wide enough for one line each)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "hooks", "list"],
+        env=worker_env(settings, COLUMNS="3000", NO_COLOR="1"),
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if cells[0] == "Policy":
+            return cells
+    return []
+
+
+def test_hooks_list_says_why_a_changed_file_was_refused_until_a_good_one_is_read(
+    bus_settings: BusSettings, procs: Any, tmp_path: Path
+) -> None:
+    """The service publishes the hook's problem() with its heartbeats: no call is needed for
+    a refused file to show, nor for the reason to go once the file is good again."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text(STARTER.read_text())
+    procs.worker(bus_settings, TARGET, "policy", "--set", f"rules={rules}")
+    row = until(lambda: (r := policy_row(bus_settings)) and r[8] == "1" and r, "a live Policy")
+    assert len(row) == 11, row  # no problem column: nothing to say
+
+    rules.write_text(STARTER.read_text().replace("decision =", "decison =", 1))
+    said = until(lambda: policy_row(bus_settings)[11:], "hooks list to say why", 30, procs.logs)
+    assert said == [
+        f"policy Policy: {rules} refused, keeping the last good rules (5): rule 1 "
+        "(no-env-files): unknown key 'decison' (known: any_arg, args, context, decision, "
+        "description, events, name, output, reason, rewrite, session, tenants, tools); rule 1 "
+        "(no-env-files): decision must be one of deny, ask, allow, context, rewrite, redact, "
+        "not None"
+    ]
+
+    rules.write_text(STARTER.read_text().replace('"Read(*.env)"', '"Read(*.pem)"'))
+    until(lambda: len(policy_row(bus_settings)) == 11, "the reason gone", 30, procs.logs)
+    assert "reloaded 5 rules" in procs.logs()
 
 
 def test_a_bad_rules_file_stops_the_worker_at_start(tmp_path: Path) -> None:
