@@ -422,11 +422,14 @@ def deployments() -> list[tuple[str, int, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("argv", [a for _, a in commands()], ids=[w for w, _ in commands()])
-def test_every_command_exists_in_the_cli(argv: list[str]) -> None:
+def test_every_command_exists_in_the_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.cli.common import hook_config
+
     args = build_parser().parse_args(argv)  # SystemExit (a failure) on an unknown command
     assert callable(args.func)
     if argv[0] == "worker":
-        spec_of(load_hook(argv[1]))  # it imports, and is a hook
+        monkeypatch.chdir(ROOT)  # the image's WORKDIR holds what the checkout does (the policy)
+        spec_of(load_hook(argv[1], config=hook_config(args)))  # it imports, and is a hook
 
 
 def long_running(argv: list[str]) -> bool:
@@ -1268,7 +1271,7 @@ def test_rotating_a_hooks_and_a_tenants_password_keeps_their_connections(
         tenant.send("BLPOP", inbox, "0")  # waiting for its decision throughout
         for user in users:
             (passwords / user).write_text(f"{password(user)}\nnew-{password(user)}\n")
-        assert "ok: 11 Redis users set" in hookbus(admin_url, *apply).stdout
+        assert "ok: 12 Redis users set" in hookbus(admin_url, *apply).stdout
         for user in users:
             for secret in (password(user), f"new-{password(user)}"):
                 assert server.client(user, secret).ping()
