@@ -49,7 +49,7 @@ test: lint redis-check node-deps
 
 # deploy/redis/users.acl: the ACL users of the Compose stack's hooks and the demo tenant
 # (workers/ops/acl.py; tests/test_deploy.py checks it is up to date).
-STACK_HOOKS = workers.builtins.cancellation:RedisCancellationHook,workers.builtins.demo_hooks:SecretGuard,workers.builtins.audit:AsyncAuditLogHook,workers.builtins.metrics:AsyncMetricsHook
+STACK_HOOKS = workers.builtins.cancellation:RedisCancellationHook,workers.builtins.demo_hooks:SecretGuard,workers.builtins.policy:Policy,workers.builtins.audit:AsyncAuditLogHook,workers.builtins.metrics:AsyncMetricsHook
 .PHONY: acl
 acl: $(DEV)
 	$(BIN)/hookbus acl --hooks $(STACK_HOOKS) --tenants demo -o deploy/redis/users.acl

@@ -4,6 +4,12 @@ The session blocks a call, rewrites an input, redacts an output, warns about a l
 lets a hook override a permission, is denied a dangerous command, recovers from a failed call,
 runs a subagent, compacts its context and is finally cancelled. The timeline shows each
 dispatch: the event, the tool, every hook called with its answer, and the latency.
+
+The guards are the starter policy file (``examples/policy/starter.toml``, served by the
+``Policy`` hook): it blocks the ``.env`` read, denies ``rm -rf``, lets ``ls`` through without a
+person and redacts the API key, and each of those answers names the rule that decided
+(``policy rule no-env-files: …``). The other interventions are hooks in code
+(``workers/builtins/demo_hooks.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +42,15 @@ from bus.errors import ConfigError
 from bus.logfmt import LineFormatter
 from bus.settings import BusSettings, env_value
 from bus.telemetry import tracing as telemetry
-from workers.builtins.demo_hooks import DEMO_HOOKS, EventCounter
+from workers.builtins.demo_hooks import (
+    DenialAlarm,
+    EventCounter,
+    FailureAdvisor,
+    LongOutputWarning,
+    NotesFolder,
+)
 from workers.builtins.embedded import MetricsData, MetricsHook, with_builtins
+from workers.builtins.policy import Policy
 from workers.local.redis_server import RedisServer, find_redis_server
 
 CONFIG = "\n".join(
@@ -50,6 +63,21 @@ CORPUS = {
     "tracing": "Every hook execution is a span in one trace.",
 }
 QUESTION = "Tidy up the project notes and check the configuration."
+#: The starter rules of a HookBus checkout, the demo's guards: SecretGuard, ShellPolicy and
+#: Redactor (``demo_hooks``) as rules.
+STARTER_RULES = Path(__file__).resolve().parents[1] / "examples" / "policy" / "starter.toml"
+#: The demo's hooks in code (the starter rules do the rest).
+CODE_HOOKS = (NotesFolder, LongOutputWarning, FailureAdvisor, DenialAlarm)
+
+
+def starter_rules() -> str:
+    """The starter rules file's path, or a ConfigError when this is not a checkout."""
+    if not STARTER_RULES.is_file():
+        raise ConfigError(
+            f"the demo's policy file {STARTER_RULES} is missing: run the demo from a HookBus "
+            "checkout"
+        )
+    return str(STARTER_RULES)
 
 
 Cancel = Callable[[], Awaitable[None]]
@@ -163,7 +191,8 @@ def embedded_registry(
     registry = with_builtins(
         workdir / "audit.db", cancelled, metrics, _demo_settings(), redact=True
     )
-    for hook_class in DEMO_HOOKS:
+    registry.add(Policy(starter_rules()))
+    for hook_class in CODE_HOOKS:
         registry.add(hook_class())
     counter = EventCounter()
     registry.add_async(counter)
@@ -229,7 +258,8 @@ def report(
 
 #: The hook services the distributed demo starts: the arguments of ``hookbus worker``.
 HOOK_SERVICES: list[list[str]] = [
-    *([f"workers.builtins.demo_hooks:{cls.__name__}"] for cls in DEMO_HOOKS),
+    ["workers.builtins.policy:Policy", "--set", f"rules={STARTER_RULES}"],
+    *([f"workers.builtins.demo_hooks:{cls.__name__}"] for cls in CODE_HOOKS),
     ["workers.builtins.cancellation:RedisCancellationHook"],
     ["workers.builtins.embedded:AuditLogHook", "--set", "redact=true"],
 ]
@@ -251,6 +281,7 @@ async def run_distributed(
         "HOOKBUS_AUDIT_DB": str(audit_db),
     }
     if not attach:
+        starter_rules()  # missing: say so before starting anything
         print(f"starting {len(HOOK_SERVICES)} hook services, one process each ...", file=out)
     procs = [
         subprocess.Popen(

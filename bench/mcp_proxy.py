@@ -3,11 +3,10 @@
 The official SDK's client calls the reference filesystem server's ``read_text_file`` on a small
 file (tests/mcp_server, ``make node-deps``) over stdio, in three sessions open side by side:
 **direct** (the client launches the server), **proxied, 0 hooks** (the client launches
-``hookbus mcp -- server``, Redis up, no hook registered: the proxy's own cost, its PING of
-Redis included), and **proxied, Redactor worker** (the demo's Redactor as a worker process:
-one PostToolUse round trip through Redis). Series alternate in ``rounds`` batches; the figure
-is each series' median and p99 and its overhead over **direct** (the difference of the
-medians). Writes bench/results/mcp_proxy.json.
+``hookbus mcp -- server``, Redis up, no hook registered: the proxy's own cost), and **proxied,
+Redactor worker** (the demo's Redactor as a worker process: one PostToolUse round trip through
+Redis). Series alternate in ``rounds`` batches; the figure is each series' median and p99 and
+its overhead over **direct** (the difference of the medians). Writes bench/results/mcp_proxy.json.
 """
 
 from __future__ import annotations

@@ -29,12 +29,33 @@ def check_session(stdout: str) -> None:
     assert "API_KEY=[redacted]" in stdout
     assert "P0 Rule" in stdout and "P1 Rule" in stdout and "P3 Rule" in stdout
     assert "SESSION_STOP" in stdout and "tool_calls: 6" in stdout
+    check_policy_decides(stdout)
+
+
+def check_policy_decides(stdout: str) -> None:
+    """The starter rules (examples/policy/starter.toml) are the demo's guards: each of their
+    answers names the rule that decided, in the timeline and in what the agent saw."""
+    lines = stdout.splitlines()
+
+    def row(event: str, tool: str, says: str) -> None:
+        assert any(x.startswith(f"{event:<19} {tool:<14}") and says in x for x in lines), (
+            f"no {event} {tool} row with {says!r}"
+        )
+
+    row("PreToolUse", "file_read", "Policy: Block(policy rule no-env-files: .env files")
+    row("PreToolUse", "run_shell", "Policy: Block(policy rule no-destructive-shell")
+    row("PermissionRequest", "run_shell", "Policy: Override(Allow: policy rule read-only-shell")
+    row("PostToolUse", "file_read", "Policy: MutateOutput(# service configuration API_KEY=[red")
+    assert "file_read: P3 Rule — policy rule no-env-files: .env files hold secrets" in stdout
+    assert "[Hook: Policy | PostToolUse] policy rule redact-secrets:" in stdout
+    assert "SecretGuard" not in stdout and "ShellPolicy" not in stdout
+    assert "Redactor" not in stdout
 
 
 def test_demo_runs_distributed_with_separate_hook_processes(redis_server: Any) -> None:
     out = run_demo("--redis", redis_server.url)
     assert out.returncode == 0, out.stderr
-    assert "distributed mode" in out.stdout and "all 9 hook services are live" in out.stdout
+    assert "distributed mode" in out.stdout and "all 7 hook services are live" in out.stdout
     check_session(out.stdout)
 
 

@@ -38,7 +38,7 @@ from tests.harness import ROOT, audit_events, until
 from workers.cli import build_parser
 from workers.local.redis_cluster import cluster_port
 from workers.local.redis_server import free_port, stop_process
-from workers.services.loading import load_hook
+from workers.services.loading import import_target, load_hook
 
 K = Keys("hookbus")  # the deploy uses the default prefix
 EVENTS, DECISIONS = K.event_partitions[0], K.decision_partitions[0]
@@ -247,6 +247,26 @@ def lock(path: Path) -> dict[str, str]:
     }
 
 
+def test_compose_runs_the_starter_policy_which_the_image_holds() -> None:
+    """The policy service serves examples/policy/starter.toml by a path relative to the image's
+    WORKDIR, where the Dockerfile copies it; the checkout's copy is mounted over it read-only
+    (an edit is in force at the next call), and the demo agent waits for it."""
+    from workers.builtins.policy import check_file
+    from workers.cli.common import hook_config
+
+    services = compose()["services"]
+    service = services["policy"]
+    args = build_parser().parse_args(service["command"])
+    assert args.hook == "workers.builtins.policy:Policy"
+    assert hook_config(args) == {"rules": "examples/policy/starter.toml"}
+    assert check_file(str(ROOT / "examples/policy/starter.toml")) == []
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    (workdir,) = re.findall(r"^WORKDIR (\S+)$", dockerfile, re.M)
+    assert re.search(r"^COPY examples/policy examples/policy$", dockerfile, re.M)
+    assert service["volumes"] == [f"./examples/policy:{workdir}/examples/policy:ro"]
+    assert services["demo-agent"]["depends_on"]["policy"] == {"condition": "service_healthy"}
+
+
 def test_the_image_installs_locked_dependencies_before_the_code() -> None:
     """deploy/Dockerfile: the lock files (runtime, and the gateway extra) are copied and
     installed with --require-hashes before any source file, so a code change reuses that layer;
@@ -402,11 +422,14 @@ def deployments() -> list[tuple[str, int, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("argv", [a for _, a in commands()], ids=[w for w, _ in commands()])
-def test_every_command_exists_in_the_cli(argv: list[str]) -> None:
+def test_every_command_exists_in_the_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.cli.common import hook_config
+
     args = build_parser().parse_args(argv)  # SystemExit (a failure) on an unknown command
     assert callable(args.func)
     if argv[0] == "worker":
-        spec_of(load_hook(argv[1]))  # it imports, and is a hook
+        monkeypatch.chdir(ROOT)  # the image's WORKDIR holds what the checkout does (the policy)
+        spec_of(load_hook(argv[1], config=hook_config(args)))  # it imports, and is a hook
 
 
 def long_running(argv: list[str]) -> bool:
@@ -426,7 +449,7 @@ def test_compose_services_are_checked_on_their_health_endpoint() -> None:
         port = service["environment"]["HOOKBUS_HEALTH_PORT"]
         assert test[:3] == ["CMD", "python", "-c"] and f"127.0.0.1:{port}/readyz" in test[3]
         checked.append(name)
-    assert len(checked) == 5
+    assert len(checked) == 6
 
 
 def test_deployments_probe_the_health_endpoint_and_name_the_hook_once() -> None:
@@ -506,7 +529,8 @@ def test_each_hook_service_connects_as_its_own_hook_user() -> None:
     """Compose and Kubernetes: every hook service's URL names ``hook-<its hook>``, a user of
     users.acl, and no two services share a credential."""
     for service, (target, user) in compose_hook_services().items():
-        assert user == f"hook-{spec_of(load_hook(target)).name}", service
+        assert user == f"hook-{import_target(target).name}", service  # the class's: Policy's
+        # takes its file (--set rules=…)
         assert user in USERS
     secrets = {
         d["metadata"]["name"]: d["stringData"] for _, _, d in manifests() if d["kind"] == "Secret"
@@ -831,7 +855,9 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
 
         # The operator's commands.
         listed = hookbus(operator, "hooks", "list").stdout
-        for hook in ("CancellationHook", "SecretGuard", "AsyncAuditLogHook", "AsyncMetricsHook"):
+        for hook in (
+            "CancellationHook", "SecretGuard", "Policy", "AsyncAuditLogHook", "AsyncMetricsHook"
+        ):  # fmt: skip
             assert hook in listed
         hookbus(operator, "lag")
         hookbus(operator, "metrics")
@@ -849,6 +875,7 @@ def test_every_role_works_under_its_acl_user_and_nothing_is_denied(
         hookbus(operator, "breakglass", "off")
         until(lambda: shell_decision() == "Block", "enforcement again", 30, acl_redis.denied)
         hookbus(operator, "hooks", "mode", "SecretGuard", "warn")
+        hookbus(operator, "hooks", "mode", "Policy", "warn")  # its starter rules block .env too
         until(lambda: shell_decision() == "Continue", "warn mode", 30, acl_redis.denied)
         hookbus(operator, "hooks", "mode", "SecretGuard", "enforce")
         until(lambda: shell_decision() == "Block", "enforce mode", 30, acl_redis.denied)
@@ -1244,7 +1271,7 @@ def test_rotating_a_hooks_and_a_tenants_password_keeps_their_connections(
         tenant.send("BLPOP", inbox, "0")  # waiting for its decision throughout
         for user in users:
             (passwords / user).write_text(f"{password(user)}\nnew-{password(user)}\n")
-        assert "ok: 11 Redis users set" in hookbus(admin_url, *apply).stdout
+        assert "ok: 12 Redis users set" in hookbus(admin_url, *apply).stdout
         for user in users:
             for secret in (password(user), f"new-{password(user)}"):
                 assert server.client(user, secret).ping()

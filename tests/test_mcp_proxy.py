@@ -156,7 +156,14 @@ async def test_hooks_decide_every_tool_call(
     await wait_for(session_events, what="OnSessionStart and OnSessionStop on the events streams")
 
 
-async def test_redis_down_refuses_tool_calls(procs: Any, server_bin: Path, folder: Path) -> None:
+async def test_redis_stopped_mid_session_leaves_each_call_to_its_hooks_policies(
+    procs: Any, server_bin: Path, folder: Path
+) -> None:
+    """Redis stops: every hook a call selects is unreachable and its failure policy decides,
+    as for any unreachable hook (the proxy does not ask Redis first). A read of .env, which
+    McpSecretGuard ("fail") would see, is refused; a read it would not see goes to the server,
+    and its output is withheld (the Redactor did not answer on it); a write no PreToolUse hook
+    matches is not held back by one."""
     with RedisServer() as redis:
         settings = BusSettings(
             redis_url=redis.url,
@@ -171,6 +178,9 @@ async def test_redis_down_refuses_tool_calls(procs: Any, server_bin: Path, folde
             hello = {"path": str(folder / "hello.txt")}
             assert text_of(await proxied.call_tool("read_text_file", hello)) == "hello, world\n"
             redis.stop()
+            refused = await proxied.call_tool("read_text_file", {"path": str(folder / ".env")})
+            assert refused.is_error and "McpSecretGuard" in text_of(refused), wire(refused)
+            assert "unreachable" in text_of(refused)
             for name, args in [
                 ("read_text_file", hello),
                 ("read_text_file", {"path": str(folder / "notes.txt")}),
@@ -178,9 +188,11 @@ async def test_redis_down_refuses_tool_calls(procs: Any, server_bin: Path, folde
             ]:
                 result = await proxied.call_tool(name, args)
                 assert result.is_error, (name, wire(result))
+                assert "[output withheld by HookBus" in text_of(result), wire(result)
+                assert "Redactor" in text_of(result)
                 assert "hello, world" not in wire(result)
                 assert "sk-live" not in wire(result)
-            assert not (folder / "new.txt").exists()
+            assert (folder / "new.txt").read_text() == "x"  # no "fail" hook for it
 
 
 async def test_unreachable_hooks_refuse(
@@ -422,5 +434,7 @@ async def test_started_without_redis_lists_tools_and_refuses_calls(
         ]:
             result = await proxied.call_tool(name, args)
             assert result.is_error
-            assert "Tool call refused by HookBus: Redis unreachable" in text_of(result)
+            assert "HookBus has not read the hook directory yet (Redis unreachable" in (
+                text_of(result)
+            )
         assert not (folder / "new.txt").exists()

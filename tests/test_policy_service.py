@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from agent_adapter.client import HookClient
+from bus import AsyncAgentHook, SessionStopContext
 from bus.settings import BusSettings, HookSettings
+from tests.harness import until, worker_env
 from workers.testing import context, wait_for_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +72,75 @@ def test_the_service_decides_and_reloads(
         "rewrite, session, tenants, tools); rule 1 (no-env-files): decision must be one of deny, "
         "ask, allow, context, rewrite, redact, not None"
     )
+
+
+def policy_row(settings: BusSettings, hook: str = "Policy") -> list[str]:
+    """The cells of ``hook``'s row of ``hookbus hooks list`` (wide enough for one line each)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "hooks", "list"],
+        env=worker_env(settings, COLUMNS="3000", NO_COLOR="1"),
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if cells[0] == hook:
+            return cells
+    return []
+
+
+def test_hooks_list_says_why_a_changed_file_was_refused_until_a_good_one_is_read(
+    bus_settings: BusSettings, procs: Any, tmp_path: Path
+) -> None:
+    """The service publishes the hook's problem() with its heartbeats: no call is needed for
+    a refused file to show, nor for the reason to go once the file is good again."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text(STARTER.read_text())
+    procs.worker(bus_settings, TARGET, "policy", "--set", f"rules={rules}")
+    row = until(lambda: (r := policy_row(bus_settings)) and r[8] == "1" and r, "a live Policy")
+    assert len(row) == 11, row  # no problem column: nothing to say
+
+    rules.write_text(STARTER.read_text().replace("decision =", "decison =", 1))
+    said = until(lambda: policy_row(bus_settings)[11:], "hooks list to say why", 30, procs.logs)
+    assert said == [
+        f"policy Policy: {rules} refused, keeping the last good rules (5): rule 1 "
+        "(no-env-files): unknown key 'decison' (known: any_arg, args, context, decision, "
+        "description, events, name, output, reason, rewrite, session, tenants, tools); rule 1 "
+        "(no-env-files): decision must be one of deny, ask, allow, context, rewrite, redact, "
+        "not None"
+    ]
+
+    rules.write_text(STARTER.read_text().replace('"Read(*.env)"', '"Read(*.pem)"'))
+    until(lambda: len(policy_row(bus_settings)) == 11, "the reason gone", 30, procs.logs)
+    assert "reloaded 5 rules" in procs.logs()
+
+
+class Troubled(AsyncAgentHook):
+    """An async hook whose ``problem()`` is what the file ``$TROUBLE_FILE`` says, while it is
+    there: any hook can say what is wrong with it, not only the policy hook."""
+
+    name = "Troubled"
+
+    async def on_session_stop_async(self, ctx: SessionStopContext) -> None:
+        pass
+
+    def problem(self) -> str:
+        path = Path(os.environ["TROUBLE_FILE"])
+        return path.read_text() if path.exists() else ""
+
+
+def test_any_hook_s_problem_is_shown_while_it_has_one(
+    bus_settings: BusSettings, procs: Any, tmp_path: Path
+) -> None:
+    trouble = tmp_path / "trouble"
+    trouble.write_text("the disk\nis full")
+    procs.worker(
+        bus_settings, "tests.test_policy_service:Troubled", "troubled", TROUBLE_FILE=str(trouble)
+    )
+    said = until(lambda: policy_row(bus_settings, "Troubled")[11:], "the problem", 30, procs.logs)
+    assert said == ["the disk is full"]  # one line
+    trouble.unlink()
+    until(lambda: len(policy_row(bus_settings, "Troubled")) == 11, "no problem", 30, procs.logs)
 
 
 def test_a_bad_rules_file_stops_the_worker_at_start(tmp_path: Path) -> None:

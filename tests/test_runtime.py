@@ -29,7 +29,10 @@ async def test_demo_session_fires_all_12_events_and_the_agent_sees_the_hooks(
     assert (tmp_path / "sandbox" / "notes" / "todo.txt").read_text() == "- a"
     tool_messages = [m.content for m in result.tool_messages]
     # blocked call, mutated output (redacted and truncated), failure advice, subagent answer
-    assert any(m.startswith("Permission denied (Rule): .env files") for m in tool_messages)
+    assert any(
+        m.startswith("Permission denied (Rule): policy rule no-env-files: .env files")
+        for m in tool_messages
+    )  # the starter policy's rule (examples/policy/starter.toml)
     config = next(m for m in tool_messages if "service configuration" in m)
     assert "API_KEY=[redacted]" in config and "sk-live" not in config
     assert "truncated" in config and len(config) < 300
@@ -37,7 +40,10 @@ async def test_demo_session_fires_all_12_events_and_the_agent_sees_the_hooks(
     assert "Hooks add concerns to the loop." in tool_messages
     # reminders: tagged, and no duplicates within a step
     assert len(result.reminders) == len(set(result.reminders)) == 4
-    assert any("[Hook: ShellPolicy | PermissionRequest]" in r for r in result.reminders)
+    assert any(
+        "[Hook: Policy | PermissionRequest] policy rule other-shell-needs-a-person" in r
+        for r in result.reminders
+    )
     # denials with their level and source
     assert [(d.tool_name, d.level, d.source) for d in result.denials] == [
         ("file_read", 3, PermissionDenialSource.RULE),

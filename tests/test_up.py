@@ -31,9 +31,13 @@ from workers.local.redis_server import free_port
 
 MARK = "HOOKBUS_TEST_UP_MARK"
 SERVICES = {
-    "coordinator", "cancellation", "audit-log", "metrics", "secret-guard-1", "secret-guard-2",
+    "coordinator", "cancellation", "audit-log", "metrics", "policy", "secret-guard-1",
+    "secret-guard-2",
 }  # fmt: skip
-HOOKS = {"CancellationHook": 1, "AsyncAuditLogHook": 1, "AsyncMetricsHook": 1, "SecretGuard": 2}
+HOOKS = {
+    "CancellationHook": 1, "AsyncAuditLogHook": 1, "AsyncMetricsHook": 1, "Policy": 1,
+    "SecretGuard": 2,
+}  # fmt: skip
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -166,8 +170,11 @@ def test_up_demo_once_runs_the_demo_on_a_private_redis_and_stops_everything(
     assert rows["coordinator"] == ("coordinator", rows["coordinator"][1], "hookbus coordinator")
     assert rows["secret-guard-2"][2] == "hookbus worker workers.builtins.demo_hooks:SecretGuard"
     assert f"logs:  {up.logs}/NAME.log" in output
-    assert re.search(r"^ready: the coordinator and 4 hooks \(.*\) are live$", output, re.M)
-    assert "attached to the running hook services: CancellationHook, SecretGuard" in output
+    assert re.search(r"^ready: the coordinator and 5 hooks \(.*\) are live$", output, re.M)
+    assert "attached to the running hook services: CancellationHook, Policy, SecretGuard" in output
+    # The starter rules decide, and say which rule did (the policy service runs them).
+    assert "Policy: Block(policy rule no-env-files: .env files hold secrets" in output
+    assert "Policy: MutateOutput(# service configuration API_KEY=[redacted]" in output
     assert "was cancelled by the user" in output  # the demo's session, blocked by the hook
     # The rows the audit log service stored for the session (before: "audit log (0 rows)"),
     # with the secret the demo's config file holds redacted, there and in the database.
@@ -179,7 +186,7 @@ def test_up_demo_once_runs_the_demo_on_a_private_redis_and_stops_everything(
     assert any("API_KEY=[redacted]" in p for p in previews)
     assert not any("sk-live" in p for p in previews)
     assert "the demo agent exited with code 0" in output
-    assert "stopped 6 processes\nstopped the private redis-server" in output
+    assert "stopped 7 processes\nstopped the private redis-server" in output
     assert {p.name for p in up.logs.glob("*.log")} == {f"{n}.log" for n in SERVICES | {"redis"}}
     up.assert_all_gone()
 
@@ -219,7 +226,7 @@ def test_up_runs_until_sigterm_then_stops_every_child_and_exits_0(
     assert f"redis: {bus_settings.redis_url} (given)" in up.output()
     up.proc.send_signal(signal.SIGTERM)
     assert up.proc.wait(60) == 0, up.output()
-    assert "stopped 6 processes" in up.output()
+    assert "stopped 7 processes" in up.output()
     up.assert_all_gone()
     # They deregistered as they stopped.
     assert live_hooks(bus_settings) == dict.fromkeys(HOOKS, 0)

@@ -34,8 +34,10 @@ output is withheld (an ``isError`` result saying so), never shown unchecked. An 
 the model ``structuredContent`` when there is one, so a rewrite of the text blocks alone would
 leak.
 
-Fail closed: a call the hooks could not decide (Redis not answering a PING, the hook directory
-not yet read, a ``fail`` hook unreachable) is refused, never forwarded unchecked.
+Fail closed, under the hooks' policies: a call the hooks could not decide (the hook directory
+not yet read, a ``fail`` hook it selects unreachable — its worker gone, or Redis down: the
+coordinator fails a request it cannot send as unreachable) is refused, never forwarded
+unchecked. The proxy does not ask Redis first: a call no ``fail`` hook selects goes on.
 
 Not hooked, passed through untouched: ``tools/list`` (names as the server gives them),
 resources (list, templates, read), prompts (list, get), completion. Not passed through:
@@ -92,9 +94,6 @@ SESSION_END_SECS = 1.5
 
 #: Seconds the client's user has to answer a permission request (MCP elicitation).
 APPROVAL_SECS = 120.0
-
-#: Seconds a PING of Redis may take before a tool call is refused.
-REDIS_CHECK_SECS = 2.0
 
 
 def qualified_name(server: str, tool: str) -> str:
@@ -163,9 +162,6 @@ class McpProxy:
         if self.cancelled is not None:
             return _text_result(f"Tool call refused: {self.cancelled}")
         args = dict(params.arguments or {})
-        if (down := await self._redis_down()) is not None:
-            log.warning("tools/call %s refused: %s", name, down)
-            return _text_result(f"Tool call refused by HookBus: {down}; no hook could decide")
         try:
             verdict = await self._before(name, args, step, approver)
         except Exception as exc:  # Redis or the hooks unreachable: fail closed
@@ -198,19 +194,6 @@ class McpProxy:
         (``approver``): agent_adapter's ToolGate, as for the framework adapters."""
         gate = ToolGate(self.hooks, approver=approver, approval_timeout=APPROVAL_SECS)
         return await gate.before(self.session_id, name, args, step=step)
-
-    async def _redis_down(self) -> str | None:
-        """Why Redis cannot be reached (None when it answers a PING): a call is then refused
-        whatever hooks match it (the proxy cannot tell which would have decided)."""
-        redis = getattr(self.hooks, "redis", None)
-        if redis is None:  # embedded hooks
-            return None
-        try:
-            with anyio.fail_after(REDIS_CHECK_SECS):
-                await redis.ping()
-        except Exception as exc:
-            return f"Redis unreachable ({str(exc) or type(exc).__name__})"
-        return None
 
     async def _after(
         self,

@@ -290,6 +290,11 @@ class Keys:
         """Each replica's measured clock offset from Redis's (bus/transport/clock.py), in ms."""
         return f"{self._hook(hook)}:clocks"
 
+    def problems(self, hook: str) -> str:
+        """Replica id → what its hook says is wrong with it (``hook_problem``), while it says
+        something; published with its heartbeat, shown by ``hookbus hooks list``."""
+        return f"{self._hook(hook)}:problems"
+
     def inbox(self, owner: str) -> str:
         return f"{self.prefix}:inbox:{owner}"
 

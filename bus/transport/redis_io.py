@@ -763,7 +763,32 @@ async def retire_replica(redis: Redis, keys: Keys, hook: str, replica: str) -> N
         pipe.zrem(keys.replicas(hook), replica)
         pipe.zadd(keys.replicas(hook), {Keys.STOPPED_MEMBER: -now_ms()})
         pipe.hdel(keys.clocks(hook), replica)
+        pipe.hdel(keys.problems(hook), replica)
         await pipe.execute()
+
+
+def hook_problem(hook: object) -> str:
+    """What a hook says is wrong with it now, in one line ("" when nothing): its optional
+    ``problem()`` method, which its service asks at each heartbeat (the policy hook: the rules
+    file it refused). A ``problem()`` that raises is itself the problem."""
+    ask = getattr(hook, "problem", None)
+    if not callable(ask):
+        return ""
+    try:
+        said = ask()
+    except Exception as exc:
+        said = f"problem() failed: {type(exc).__name__}: {exc}"
+    return " ".join(str(said or "").split())[:2000]
+
+
+def publish_problem(pipe: Any, keys: Keys, hook: str, replica: str, problem: str, had: str) -> None:
+    """With a heartbeat: the replica's ``problem`` (``hook_problem``) under ``keys.problems``,
+    set at each beat while there is one (a restarted Redis gets it again), deleted once it is
+    gone (``had``: what the last beat published)."""
+    if problem:
+        pipe.hset(keys.problems(hook), replica, problem)
+    elif had:
+        pipe.hdel(keys.problems(hook), replica)
 
 
 async def hand_over(

@@ -42,9 +42,11 @@ lookaround) when the file is loaded. Paths are normalised before they are matche
 session's ``cwd``), and shell commands split into their simple
 commands (``a && rm -rf x`` is denied by ``Bash(rm -rf:*)``; ``allow`` needs every part to match).
 
-The file is read again when it changes (checked at each call: one ``stat``). A changed file is
-validated whole first; one that is not valid leaves the last good rules in force and says why in
-one line: logged as an error, kept in ``Policy.last_error``, and counted
+The file is read again when it changes (checked at each call, and at each heartbeat of its
+service: one ``stat``). A changed file is validated whole first; one that is not valid leaves the
+last good rules in force and says why in one line: logged as an error, kept in
+``Policy.last_error``, shown by ``hookbus hooks list`` (``problem()``, which its service
+publishes with each heartbeat, until a good file is read), and counted
 (``Policy.reload_failures``, metric ``hookbus.policy.reload_failures``).
 The file's format, and how paths and shell commands are read, are in
 ``workers/builtins/policy_rules.py``; deciding, the hook and the lint here.
@@ -357,7 +359,12 @@ class Policy(AgentHook):
     def refresh(self) -> None:
         """Read the file again if it changed; keep the last good rules if it is not valid."""
         now = self._stat_now()
-        if now == self._stat or (now is not None and now == self._refused):
+        if now == self._stat:  # the file in force (again: a refused change undone)
+            if self.last_error:
+                log.info("policy %s: %s is the file in force again", self.name, self.path)
+            self._refused, self.last_error = None, ""
+            return
+        if now is not None and now == self._refused:
             return
         try:
             if now is None:
@@ -375,6 +382,12 @@ class Policy(AgentHook):
             return
         self.rules, self._stat, self._refused, self.last_error = rules, now, None, ""
         log.info("policy %s: reloaded %d rules from %s", self.name, len(rules.rules), self.path)
+
+    def problem(self) -> str:
+        """Why the file in force is not the file on disk ("" when it is): its service publishes
+        this with each heartbeat, and ``hookbus hooks list`` shows it."""
+        self.refresh()
+        return self.last_error
 
     def decide(self, event: str, ctx: Any) -> Any:
         self.refresh()

@@ -1,7 +1,9 @@
 """``hookbus up``: the docker-compose stack as local processes, for machines without Docker.
 
 The topology of docker-compose.yml — the coordinator service, the built-in hook services
-(cancellation, audit log, metrics), the example custom hook ``secret-guard`` (two replicas) and,
+(cancellation, audit log, metrics), the policy hook with the starter rules
+(``examples/policy/starter.toml``, relative to the current directory: run it from a checkout),
+the example custom hook ``secret-guard`` (two replicas) and,
 with ``--demo``, the demo agent — each a ``hookbus`` child process with a log file of its own, on
 a private ``redis-server`` unless ``HOOKBUS_REDIS_URL`` (or ``--redis``) names a Redis. Jaeger is
 not started: ``OTEL_EXPORTER_OTLP_ENDPOINT`` sends traces to a collector you run.
@@ -42,7 +44,7 @@ from bus.settings import BusSettings
 from bus.transport.keys import COORDINATORS_GROUP, Keys
 from bus.transport.redis_io import connect
 from workers.local.redis_server import RedisServer
-from workers.services.loading import load_hook
+from workers.services.loading import load_hook, parse_config
 
 #: The Redis user each kind of process runs as (deploy/redis/users.acl); "operator" is the one
 #: this launcher uses to tell when the others are ready. A hook service runs as its own user,
@@ -64,6 +66,12 @@ class Service:
     def target(self) -> str | None:
         """The MODULE:CLASS a worker serves."""
         return self.args[1] if self.args[0] == "worker" else None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The hook's constructor arguments: its ``--set NAME=VALUE`` (as ``hookbus worker``)."""
+        pairs = zip(self.args, self.args[1:], strict=False)
+        return parse_config([value for key, value in pairs if key == "--set"])
 
 
 #: The services of docker-compose.yml but Redis, Jaeger, the gateway (it needs tokens and a
@@ -88,6 +96,16 @@ STACK = (
     ),
     Service(
         "metrics", "worker", ("worker", "workers.builtins.metrics:AsyncMetricsHook", "--from", "0")
+    ),
+    Service(
+        "policy",
+        "worker",
+        (
+            "worker",
+            "workers.builtins.policy:Policy",
+            "--set",
+            "rules=examples/policy/starter.toml",
+        ),
     ),
     Service(
         "secret-guard", "worker", ("worker", "workers.builtins.demo_hooks:SecretGuard"), replicas=2
@@ -149,7 +167,9 @@ class Stack:
         self.children: list[Child] = []
         self.host = socket.gethostname()
         self.hooks = {
-            s.name: spec_of(load_hook(s.target)).name for s in services if s.target is not None
+            s.name: spec_of(load_hook(s.target, config=s.config)).name
+            for s in services
+            if s.target is not None
         }
         needed = {"operator"} | {s.role for s in services if s.target is None}
         needed |= {"worker" for h in self.hooks.values() if f"hook-{h}" not in urls}

@@ -52,6 +52,9 @@ class HookRow:
     mode_set_by_operator: bool = False  # `hookbus hooks mode` set it ({p}:modes)
     stopped_secs: float | None = None  # seconds since a replica last stopped cleanly
     shards: int = 1  # a sync hook's request streams (its manifest's ``shards``)
+    #: What its live replicas say is wrong with the hook itself (its ``problem()``, published
+    #: with their heartbeats: ``Keys.problems``), each different message once; "" when well.
+    health: str = ""
 
     @property
     def stopped(self) -> bool:
@@ -131,6 +134,7 @@ async def list_hooks(
                 stopped_secs=stopped,
                 **lanes,
                 shards=max(1, manifest.shards),
+                health=await live_problems(redis, keys, name, counts.live_members),
             )
         )
     return rows
@@ -166,6 +170,7 @@ class ReplicaCounts:
     lanes: int = 0
     last_heartbeat_secs: float | None = None
     stopped_secs: float | None = None
+    live_members: tuple[str, ...] = ()  # the heartbeat members of the live lanes
 
     @property
     def summary(self) -> tuple[int, int, float | None, float | None]:
@@ -208,7 +213,17 @@ async def replica_counts(
         lanes=len(scores),
         last_heartbeat_secs=_secs(now - max(scores.values())),
         stopped_secs=stopped,
+        live_members=tuple(sorted(live)),
     )
+
+
+async def live_problems(redis: Redis, keys: Keys, name: str, members: tuple[str, ...]) -> str:
+    """What the live replicas ``members`` of hook ``name`` say is wrong with it, each different
+    message once ("" when none says anything)."""
+    if not members:
+        return ""
+    said: Any = await redis.hgetall(keys.problems(name))  # the operator's ACL user has no HMGET
+    return "; ".join(sorted({_text(v) for k, v in said.items() if _text(k) in members}))
 
 
 async def replica_summary(

@@ -77,7 +77,7 @@ def render_hooks(
         title, "hook", "kind", "mode", "events", "match", "policy", "priority", "timeout",
         "live", "last beat", "streams",
     )  # fmt: skip
-    if any(r.problem for r in rows):
+    if any(r.problem or r.health for r in rows):
         table.add_column("problem", overflow="fold")
     for r in rows:
         if r.stopped:
@@ -107,8 +107,8 @@ def render_hooks(
             _streams(r, partitions if partitions is not None else keys.partitions),
         ]
         if len(table.columns) > 11:
-            cells.append("")
-        _row(table, *cells, style="" if r.live else "yellow")
+            cells.append(r.health)  # what the hook says is wrong with it
+        _row(table, *cells, style="red" if r.health else "" if r.live else "yellow")
     return table
 
 

@@ -78,8 +78,10 @@ from bus.transport.redis_io import (
     current_manifest,
     dead_letter_entry,
     group_lost,
+    hook_problem,
     partitions_changed,
     pipelined,
+    publish_problem,
     retire_replica,
     xadd_dead_letter,
 )
@@ -122,6 +124,7 @@ class AsyncHookWorker:
         max_deliveries: int = 5,
     ) -> None:
         self.hook = hook
+        self.problem = ""  # what the last heartbeat published of the hook's problem()
         self.spec = spec_of(hook)
         self.group = check_name("hook name", self.spec.name)
         self.settings = settings
@@ -644,7 +647,10 @@ class AsyncHookWorker:
             pipe.zadd(self.keys.replicas(self.group), {self.replica: self.clock.now_ms()})
             if self.clock.measured:
                 pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
+            problem = hook_problem(self.hook)
+            publish_problem(pipe, self.keys, self.group, self.replica, problem, self.problem)
             current = (await pipe.execute())[0]
+        self.problem = problem
         return retired_hook(current) is not None
 
     async def _claim(self, stream: str) -> None:

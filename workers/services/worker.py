@@ -73,9 +73,11 @@ from bus.transport.redis_io import (
     dead_letter,
     ensure_group,
     hand_over,
+    hook_problem,
     keep_and_claim,
     partitions_changed,
     pipelined,
+    publish_problem,
     refuse_retired,
     retire_replica,
 )
@@ -226,6 +228,7 @@ class HookWorker:
         owns_hook: bool = True,
     ) -> None:
         self.hook = hook
+        self.problem = ""  # what the last heartbeat published of the hook's problem()
         self.spec = spec_of(hook)
         check_name("hook name", self.spec.name)
         self.settings = settings
@@ -697,10 +700,14 @@ class HookWorker:
             await asyncio.sleep(interval)
 
     def _beat(self, pipe: Any) -> None:
-        """The heartbeat (on Redis's clock), with this replica's clock offset beside it."""
+        """The heartbeat (on Redis's clock), with this replica's clock offset and its hook's
+        problem, if it has one, beside it."""
         pipe.zadd(self.keys.replicas(self.spec.name), {self.replica: self.clock.now_ms()})
         if self.clock.measured:
             pipe.hset(self.keys.clocks(self.spec.name), self.replica, self.clock.offset_ms)
+        problem = hook_problem(self.hook)
+        publish_problem(pipe, self.keys, self.spec.name, self.replica, problem, self.problem)
+        self.problem = problem
 
     async def _heartbeat(self) -> bool:
         """Measure the clock, say this replica is alive; restore the manifest if Redis lost it
