@@ -58,6 +58,7 @@ from bus.protocol import (
 )
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
+from bus.telemetry import metrics
 from bus.telemetry import tracing as telemetry
 from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.transport.directory import read_manifest, write_manifest
@@ -255,6 +256,7 @@ class HookWorker:
         self.removed = False  # an operator removed the hook while this replica served it
         self.manifest = b""
         self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
+        metrics.track(self, "worker", self.spec.name)  # its stats, at /metrics
 
     # -- registration ------------------------------------------------------------------------
 
@@ -489,6 +491,8 @@ class HookWorker:
             await self._ack(entry_id)  # the coordinator has given up on it: no reply
             return
         status, action, error = outcome
+        metrics.answered(self.spec.name, request.event, action, status != "ok",
+                         time.perf_counter() - t0)  # fmt: skip
         reply = HookReply(
             id=new_id(),
             ts=now_ms(),
