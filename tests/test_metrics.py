@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
+import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
@@ -131,8 +134,10 @@ def serves(name: str, found: dict[str, Metric]) -> bool:
 
 @pytest.mark.redis
 def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
-    bus_settings: BusSettings, procs: Processes, tmp_path: Path
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name in [k for k in os.environ if k.startswith("OTEL_")]:  # tracing off
+        monkeypatch.delenv(name)
     settings = bus_settings
     ports = {name: free_port() for name in ("guard", "sluggish", "async", "coordinator")}
 
@@ -271,6 +276,9 @@ def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
         # Tracing is off: no span is lost, and the series says so.
         assert value(found, "hookbus_spans_lost_total") == 0, name
         assert set(METRICS) <= set(found), (name, set(METRICS) - set(found))
+        # Labels name events, hooks, outcomes: never a tool, a session or a tenant.
+        values = {v for m in found.values() for s in m.samples for v in s.labels.values()}
+        assert not values & {"file_read", "s-metrics", "s-http", "laptop"}, name
 
     # OpenMetrics for a scraper that asks for it.
     status, content_type, body = scrape(ports["coordinator"], OPENMETRICS)
@@ -282,3 +290,71 @@ def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
         assert any(serves(name, found) for found in scraped.values()), (
             f"the dashboard asks for {name}, which no HookBus process serves"
         )
+
+
+def readme_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The table of README's "Metrics for Prometheus": metric → (type, labels)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Metrics for Prometheus", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(hookbus_[a-z_]+)` \| (\w+) \| ([^|]*) \|", section, re.M)
+    return {name: (kind, tuple(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+
+
+def test_the_readme_lists_every_metric_as_served() -> None:
+    listed = readme_metrics()
+    served = {
+        name + ("_total" if kind == "counter" else ""): (kind, labels)
+        for name, (kind, _, labels) in METRICS.items()
+    }
+    assert listed == served
+
+
+def pods(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["template"]
+
+
+def test_prometheus_finds_every_process_that_serves_metrics() -> None:
+    """Kubernetes: each Deployment's pods are annotated with the port of their probes (the
+    gateway's own), which the scrape job keeps; Compose: the job names each service that has a
+    probe port, at that port."""
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    keep = {
+        tuple(r["source_labels"]): r["regex"]
+        for r in jobs["hookbus"]["relabel_configs"]
+        if r.get("action") == "keep"
+    }
+    assert keep == {
+        ("__meta_kubernetes_pod_label_app_kubernetes_io_name",): "hookbus",
+        ("__meta_kubernetes_pod_annotation_prometheus_io_scrape",): "true",
+    }
+    deployments = [
+        doc
+        for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "Deployment"
+    ]
+    assert deployments
+    for doc in deployments:
+        template = pods(doc)
+        assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "hookbus"
+        notes = template["metadata"]["annotations"]
+        (container,) = template["spec"]["containers"]
+        probe_port = container["readinessProbe"]["httpGet"]["port"]
+        port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe_port)
+        name = doc["metadata"]["name"]
+        assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                         "prometheus.io/path": "/metrics"}, name  # fmt: skip
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    probed: dict[str, int] = {}
+    for name, service in compose["services"].items():
+        test = " ".join((service.get("healthcheck") or {}).get("test") or [])
+        if found := re.search(r"127\.0\.0\.1:(\d+)/readyz", test):
+            probed[name] = int(found[1])
+    scraped = {
+        name: target["port"]
+        for target in jobs["hookbus-compose"]["dns_sd_configs"]
+        for name in target["names"]
+    }
+    assert probed and scraped == probed
