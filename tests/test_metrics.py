@@ -236,6 +236,7 @@ def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
 
     # The hook service counted each answer it sent before sending it: all three are there.
     guard = families(ports["guard"])
+    assert value(guard, "hookbus_group_backlog", group="SecretGuard") == 0  # all answered
     assert value(guard, "hookbus_hook_answers_total", hook="SecretGuard") == 3
     assert value(guard, "hookbus_hook_answers_total", hook="SecretGuard", outcome="Block") == 3
     assert value(guard, "hookbus_hook_run_duration_seconds_count", hook="SecretGuard") == 3

@@ -6,16 +6,18 @@ Prometheus's text format, or OpenMetrics when the scraper asks for it (``Accept`
 kept with prometheus-client whether or not OpenTelemetry exports anything (``OTEL_*``): tracing
 off, the metrics are still there.
 
-What is counted, and where (``METRICS`` lists every family; docs/operations.md, "Metrics",
+What is counted, and where (``METRICS`` lists every family; README.md, "Metrics for Prometheus",
 shows the same list, and tests/test_metrics.py checks both against a real scrape):
 
 * in a process that decides (the coordinator service, the gateway): each decision by event and
   outcome, each hook's part in it by event, hook and outcome (its answer, or why there is none),
   a hook's latency as the coordinator saw it and the dispatch's, timeouts, skips by failure kind
-  and policy, refusals (a context no hook could be shown), dropped replies;
-* in a hook service: the answers it gave and how long its hook took;
-* in an async hook service: its group's backlog (lag + pending), refreshed by the service's
-  retention pass every 10 s (one XINFO GROUPS per events partition, which it ran anyway);
+  and policy, refusals (a context no hook could be shown), and the coordinator's own counters
+  (late, malformed, forged or oversized replies dropped…);
+* in a hook service: the answers it gave and how long its hook took, and the backlog of its
+  request stream's group (lag + pending), read every ``BACKLOG_SECS`` (10 s: one XINFO GROUPS);
+* in an async hook service: its group's backlog, refreshed by the service's retention pass
+  every 10 s (one XINFO GROUPS per events partition, which it ran anyway);
 * everywhere: what the service's own counters say (handled, expired, malformed, claimed,
   dead-lettered…), entries lost to the hard cap per group and stream, dead letters, spans the
   export dropped or could not send, and prometheus-client's process metrics (CPU, memory).
@@ -41,6 +43,8 @@ from prometheus_client.registry import Collector
 from bus.aggregation import Outcome, _tag_of
 from bus.events import HookContext, HookEvent
 
+#: How often a service reads its consumer group's backlog (one XINFO GROUPS per stream).
+BACKLOG_SECS = 10.0
 #: Latency buckets in seconds: a hook answers in a millisecond or so on a local network; its
 #: timeout is at most a few seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -81,8 +85,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "worker, async-worker, coordinator, coordinator-service, gateway)",
         ("role", "name", "result")),
     "hookbus_group_backlog": (
-        "gauge", "events an async hook's consumer group has not handled yet (lag + pending), "
-        "refreshed every 10 s", ("group",)),
+        "gauge", "entries a hook's consumer group has not handled yet (lag + pending): an async "
+        "hook's events, a sync hook's requests; refreshed every 10 s", ("group",)),
     "hookbus_entries_lost": (
         "counter", "stream entries a hard cap cut before a consumer group handled them",
         ("group", "stream")),
@@ -196,11 +200,17 @@ def track(owner: Any, role: str, name: str) -> None:
     _track(owner, "hookbus_service_entries", (role, name), lambda o: o.stats)
 
 
-def track_group(owner: Any, group: str, streams: Iterable[str]) -> None:
-    """An async hook service: its group's backlog (``owner.backlog``); its lost entries and
-    dead letters are served at 0 from the start (a series that appears only with the first
-    loss is one an alert on its rate never sees rise)."""
+def track_backlog(owner: Any, group: str) -> None:
+    """Serve ``owner.backlog`` (entries its consumer group has not handled yet) as
+    ``hookbus_group_backlog{group}``; the service refreshes it every ``BACKLOG_SECS``."""
     _track(owner, "hookbus_group_backlog", (group,), lambda o: o.backlog)
+
+
+def track_group(owner: Any, group: str, streams: Iterable[str]) -> None:
+    """An async hook service: its group's backlog; its lost entries and dead letters are
+    served at 0 from the start (a series that appears only with the first loss is one an alert
+    on its rate never sees rise)."""
+    track_backlog(owner, group)
     for stream in streams:
         _child(entries_lost, group, stream)
     _child(dead_letters, group)
@@ -219,37 +229,38 @@ def watch(runner: Any, role: str) -> None:
         track(runner, role, getattr(runner, "source", role))
 
 
+#: The families read from tracked objects at scrape time.
+_SCRAPED = ("hookbus_service_entries", "hookbus_group_backlog", "hookbus_refusals")
+
+
 class _Scraped(Collector):
-    """The families read at scrape time."""
+    """The families read at scrape time. Objects with the same labels (the lanes of a hook
+    service with shards, a gateway's and a service's refusals) are added up."""
 
     def collect(self) -> Iterable[Metric]:
         with _lock:
             tracked = [(owner, list(reads)) for owner, reads in _tracked.items()]
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-            "hookbus_service_entries": CounterMetricFamily(
-                "hookbus_service_entries", METRICS["hookbus_service_entries"][1],
-                labels=["role", "name", "result"]),
-            "hookbus_group_backlog": GaugeMetricFamily(
-                "hookbus_group_backlog", METRICS["hookbus_group_backlog"][1], labels=["group"]),
-        }  # fmt: skip
-        refusals = {"dispatch": 0, "request": 0}
+        sums: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _SCRAPED}
+        sums["hookbus_refusals"] = {("dispatch",): 0, ("request",): 0}
         for owner, reads in tracked:
             for family, labels, read in reads:
-                value = read(owner)
-                if family == "hookbus_refusals":
-                    refusals[labels[0]] += value
-                elif family == "hookbus_service_entries":
-                    for result, count in value.items():
-                        families[family].add_metric([*labels, result], count)
-                else:
-                    families[family].add_metric(list(labels), value)
-        refused = CounterMetricFamily(
-            "hookbus_refusals", METRICS["hookbus_refusals"][1], labels=["stage"]
-        )
-        for stage, total in refusals.items():
-            refused.add_metric([stage], total)
-        yield from families.values()
-        yield refused
+                found = read(owner)
+                rows = (
+                    [((*labels, key), count) for key, count in found.items()]
+                    if isinstance(found, Mapping)
+                    else [(labels, found)]
+                )
+                table = sums[family]
+                for key, value in rows:
+                    table[key] = table.get(key, 0) + value
+        for name, table in sums.items():
+            kind, doc, labels = METRICS[name]
+            metric = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, doc, labels=list(labels)
+            )
+            for key, value in table.items():
+                metric.add_metric(list(key), value)
+            yield metric
         yield from _spans()
 
 
