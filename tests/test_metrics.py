@@ -74,6 +74,11 @@ def value(found: dict[str, Metric], sample: str, **labels: str) -> float:
     )
 
 
+def expect(found: dict[str, Metric], rows: list[tuple[str, dict[str, str], float]]) -> None:
+    """Each (sample, labels, value) of ``rows`` is what ``found`` has."""
+    assert [(name, labels, value(found, name, **labels)) for name, labels, _ in rows] == rows
+
+
 def decide_over_redis(settings: BusSettings, path: str) -> DecisionReply:
     """One PreToolUse decision asked of the coordinator service, as a foreign agent asks it."""
     keys = Keys(settings.prefix)
@@ -187,69 +192,37 @@ def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
         assert status == 200
 
     coordinator = families(ports["coordinator"])
-    assert value(coordinator, "hookbus_decisions_total", event="PreToolUse") == 3
-    assert value(coordinator, "hookbus_decisions_total", outcome="Block") == 2
-    assert value(coordinator, "hookbus_decisions_total", outcome="Continue") == 1
-    assert (
-        value(coordinator, "hookbus_hook_outcomes_total", hook="SecretGuard", outcome="Block") == 2
-    )
-    assert (
-        value(coordinator, "hookbus_hook_outcomes_total", hook="Sluggish", outcome="timeout") == 3
-    )
-    assert value(coordinator, "hookbus_hook_timeouts_total", hook="Sluggish") == 3
-    assert (
-        value(
-            coordinator,
-            "hookbus_hook_skips_total",
-            hook="Sluggish",
-            failure="timeout",
-            policy="fail_open",
-        )
-        == 3
-    )
-    assert (
-        value(
-            coordinator,
-            "hookbus_hook_duration_seconds_count",
-            hook="SecretGuard",
-            event="PreToolUse",
-        )
-        == 2
-    )
-    assert value(coordinator, "hookbus_dispatch_duration_seconds_count", event="PreToolUse") == 3
-    assert (
-        value(
-            coordinator,
-            "hookbus_service_entries_total",
-            role="coordinator-service",
-            result="answered",
-        )
-        == 3
-    )
-    assert value(coordinator, "hookbus_refusals_total") == 0
-
+    expect(coordinator, [
+        ("hookbus_decisions_total", {"event": "PreToolUse"}, 3),
+        ("hookbus_decisions_total", {"outcome": "Block"}, 2),
+        ("hookbus_decisions_total", {"outcome": "Continue"}, 1),
+        ("hookbus_hook_outcomes_total", {"hook": "SecretGuard", "outcome": "Block"}, 2),
+        ("hookbus_hook_outcomes_total", {"hook": "Sluggish", "outcome": "timeout"}, 3),
+        ("hookbus_hook_timeouts_total", {"hook": "Sluggish"}, 3),
+        ("hookbus_hook_skips_total",
+         {"hook": "Sluggish", "failure": "timeout", "policy": "fail_open"}, 3),
+        ("hookbus_hook_duration_seconds_count", {"hook": "SecretGuard", "event": "PreToolUse"}, 2),
+        ("hookbus_dispatch_duration_seconds_count", {"event": "PreToolUse"}, 3),
+        ("hookbus_service_entries_total", {"role": "coordinator-service", "result": "answered"}, 3),
+        ("hookbus_refusals_total", {}, 0),
+    ])  # fmt: skip
     served = families(gateway.port)
-    assert value(served, "hookbus_decisions_total", event="PreToolUse") == 2
-    assert value(served, "hookbus_decisions_total", outcome="Block") == 1
-    assert value(served, "hookbus_hook_timeouts_total", hook="Sluggish") == 2
-    assert value(served, "hookbus_service_entries_total", role="gateway", result="decisions") == 2
-
+    expect(served, [
+        ("hookbus_decisions_total", {"event": "PreToolUse"}, 2),
+        ("hookbus_decisions_total", {"outcome": "Block"}, 1),
+        ("hookbus_hook_timeouts_total", {"hook": "Sluggish"}, 2),
+        ("hookbus_service_entries_total", {"role": "gateway", "result": "decisions"}, 2),
+    ])  # fmt: skip
     # The hook service counted each answer it sent before sending it: all three are there.
     guard = families(ports["guard"])
-    assert value(guard, "hookbus_group_backlog", group="SecretGuard") == 0  # all answered
-    assert value(guard, "hookbus_hook_answers_total", hook="SecretGuard") == 3
-    assert value(guard, "hookbus_hook_answers_total", hook="SecretGuard", outcome="Block") == 3
-    assert value(guard, "hookbus_hook_run_duration_seconds_count", hook="SecretGuard") == 3
-    assert (
-        value(
-            guard,
-            "hookbus_service_entries_total",
-            role="worker",
-            name="SecretGuard",
-            result="handled",
-        )
-        == 3
-    )
+    expect(guard, [
+        ("hookbus_group_backlog", {"group": "SecretGuard"}, 0),  # all answered
+        ("hookbus_hook_answers_total", {"hook": "SecretGuard"}, 3),
+        ("hookbus_hook_answers_total", {"hook": "SecretGuard", "outcome": "Block"}, 3),
+        ("hookbus_hook_run_duration_seconds_count", {"hook": "SecretGuard"}, 3),
+        ("hookbus_service_entries_total",
+         {"role": "worker", "name": "SecretGuard", "result": "handled"}, 3),
+    ])  # fmt: skip
 
     # The async hook service handles the five published events in its own time.
     def handled_all() -> dict[str, Metric] | None:
