@@ -40,8 +40,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from bus.aggregation import Outcome, _tag_of
+from bus.aggregation import Outcome
 from bus.events import HookContext, HookEvent
+from bus.telemetry import tracing
 
 #: How often a service reads its consumer group's backlog (one XINFO GROUPS per stream).
 BACKLOG_SECS = 10.0
@@ -131,11 +132,6 @@ def _child(metric: Any, *values: str) -> Any:
     return child
 
 
-def _tag(action: Any) -> str:
-    """An action's wire name (``Block``), or ``none``."""
-    return "none" if action is None else _tag_of(action)
-
-
 _ENFORCED = (HookEvent.PRE_TOOL_USE, HookEvent.PERMISSION_REQUEST)
 
 
@@ -148,7 +144,7 @@ def observe_dispatch(
     for o in outcomes:
         hook = o.spec.name
         if o.failure is None:
-            _child(hook_outcomes, name, hook, _tag(o.action)).inc()
+            _child(hook_outcomes, name, hook, tracing.action_tag(o.action)).inc()
         else:
             _child(hook_outcomes, name, hook, o.failure).inc()
             enforced = o.spec.failure_policy == "fail" and event in _ENFORCED
@@ -161,23 +157,24 @@ def observe_dispatch(
 
 def decided(event: HookEvent, result: Any, error: bool = False) -> None:
     """One decision sent back: its combined action (``error``: none was reached in time)."""
-    outcome = "error" if error else _tag(getattr(result, "action", None))
+    outcome = "error" if error else tracing.action_tag(getattr(result, "action", None))
     _child(decisions, event._value_, outcome).inc()
 
 
 def answered(hook: str, event: HookEvent, action: Any, error: bool, seconds: float) -> None:
     """One answer a hook service sent."""
     name = event._value_
-    _child(hook_answers, name, hook, "error" if error else _tag(action)).inc()
+    _child(hook_answers, name, hook, "error" if error else tracing.action_tag(action)).inc()
     _child(run_seconds, name, hook).observe(seconds)
 
 
-def count_lost(group: str, stream: str, n: int) -> None:
-    _child(entries_lost, group, stream).inc(n)
+def _counted(what: str, labels: tuple[str, ...], n: int) -> None:
+    """Dead letters and lost entries, as ``tracing.count_dead_letters`` / ``count_lost``
+    are told of them."""
+    _child(dead_letters if what == "dead_letters" else entries_lost, *labels).inc(n)
 
 
-def count_dead_letters(source: str, n: int = 1) -> None:
-    _child(dead_letters, source).inc(n)
+tracing.listeners.append(_counted)
 
 
 # -- read when scraped ------------------------------------------------------------------------
@@ -264,13 +261,8 @@ class _Scraped(Collector):
         yield from _spans()
 
 
-#: The span export's counts (``tracing.span_stats``, which sets this: tracing imports this
-#: module, not the other way round).
-span_stats: Callable[[], Mapping[str, int]] = dict
-
-
 def _spans() -> Iterator[Metric]:
-    stats = span_stats()
+    stats = tracing.span_stats()
     lost = CounterMetricFamily(
         "hookbus_spans_lost", METRICS["hookbus_spans_lost"][1], labels=["reason"]
     )

@@ -45,7 +45,7 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
@@ -70,7 +70,6 @@ from bus.aggregation import Outcome, would_do
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
-from bus.telemetry import metrics as prometheus
 from bus.telemetry.export import SpanExport
 
 tracer = trace.get_tracer("hookbus")
@@ -336,9 +335,6 @@ def span_stats() -> dict[str, int]:
     """Spans exported, dropped (the queue was full) and failed (the receiver refused them or
     did not answer) so far; after ``shutdown()``, the final counts."""
     return dict(_last_export.stats) if _last_export is not None else {}
-
-
-prometheus.span_stats = span_stats  # served at /metrics (hookbus_spans_lost_total)
 
 
 # -- HookBus's own spans -----------------------------------------------------------------------
@@ -891,14 +887,21 @@ def batch_span(
     return span(name, attributes, kind=SpanKind.CONSUMER, context=Context(), links=links)
 
 
+#: Also told of each count below, as (what, labels, n) (bus/telemetry/metrics.py, in the
+#: processes that serve /metrics: an agent's process does not load prometheus-client).
+listeners: list[Callable[[str, tuple[str, ...], int], None]] = []
+
+
 def count_dead_letters(source: str, n: int = 1) -> None:
-    prometheus.count_dead_letters(source, n)
+    for listener in listeners:
+        listener("dead_letters", (source,), n)
     if enabled():
         _instruments()["dead_letters"].add(n, {"source": source})
 
 
 def count_lost(group: str, stream: str, n: int) -> None:
-    prometheus.count_lost(group, stream, n)
+    for listener in listeners:
+        listener("lost", (group, stream), n)
     if enabled():
         _instruments()["lost"].add(n, {"hook.name": group, "stream": stream})
 
