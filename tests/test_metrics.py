@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 from bus import HookEvent
+from bus.limits import MAX_CONTEXT_DEPTH
 from bus.protocol import DecisionReply, DecisionRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
 from bus.telemetry.metrics import METRICS
@@ -71,6 +72,13 @@ def value(found: dict[str, Metric], sample: str, **labels: str) -> float:
         s.value
         for s in found[family].samples
         if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def over_http(tool_args: dict[str, Any]) -> dict[str, Any]:
+    """A gateway decision request for ``file_read`` with ``tool_args``."""
+    return decision_request(
+        context={"session_id": "s-http", "tool_name": "file_read", "tool_args": tool_args}
     )
 
 
@@ -174,22 +182,21 @@ def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
           explain=procs.logs)  # fmt: skip
 
     # Three decisions through the coordinator service (two blocked), two through the gateway
-    # (one blocked); the sluggish hook times out in each and is skipped (failure_policy ignore).
-    # SecretGuard is asked only about .env files (its filter): three times.
+    # (one blocked), then a refusal; the sluggish hook times out in each decision and is
+    # skipped (failure_policy ignore). SecretGuard is asked only about .env files (its filter):
+    # three times.
     replies = [decide_over_redis(settings, p) for p in ("app/.env", "README.md", "prod/.env")]
     assert [r.result["action"]["type"] for r in replies] == ["Block", "Continue", "Block"], replies
     for path in ("app/.env", "README.md"):
-        status, _, _ = gateway.post(
-            "/v1/decisions",
-            decision_request(
-                context={
-                    "session_id": "s-http",
-                    "tool_name": "file_read",
-                    "tool_args": {"path": path},
-                }
-            ),
-        )
+        status, _, _ = gateway.post("/v1/decisions", over_http({"path": path}))
         assert status == 200
+    # And one the gateway refuses before dispatching: its arguments nest deeper than any hook
+    # may be shown (bus/limits.py). A refusal, not a decision.
+    deep: dict[str, Any] = {"path": "notes.txt"}
+    for _ in range(MAX_CONTEXT_DEPTH + 8):
+        deep = {"inner": deep}
+    status, reply, _ = gateway.post("/v1/decisions", over_http(deep))
+    assert status == 200 and reply["result"]["action"]["type"] == "Block", reply
 
     coordinator = families(ports["coordinator"])
     expect(coordinator, [
@@ -211,7 +218,9 @@ def test_every_service_serves_its_metrics_and_the_dashboard_asks_only_for_them(
         ("hookbus_decisions_total", {"event": "PreToolUse"}, 2),
         ("hookbus_decisions_total", {"outcome": "Block"}, 1),
         ("hookbus_hook_timeouts_total", {"hook": "Sluggish"}, 2),
-        ("hookbus_service_entries_total", {"role": "gateway", "result": "decisions"}, 2),
+        ("hookbus_service_entries_total", {"role": "gateway", "result": "refused"}, 1),
+        ("hookbus_refusals_total", {"stage": "request"}, 1),
+        ("hookbus_refusals_total", {"stage": "dispatch"}, 0),
     ])  # fmt: skip
     # The hook service counted each answer it sent before sending it: all three are there.
     guard = families(ports["guard"])
@@ -332,3 +341,25 @@ def test_prometheus_finds_every_process_that_serves_metrics() -> None:
         for name in target["names"]
     }
     assert probed and scraped == probed
+
+
+def test_dead_letters_and_lost_entries_the_transport_counts_reach_the_metrics() -> None:
+    """The transport counts them through ``tracing.count_dead_letters`` / ``count_lost``,
+    which exports them only when OpenTelemetry is configured; /metrics has them always."""
+    from prometheus_client import REGISTRY
+
+    from bus.telemetry import metrics, tracing
+
+    assert metrics._counted in tracing.listeners
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    dead, lost = (
+        sample("hookbus_dead_letters_total", source="g"),
+        sample("hookbus_entries_lost_total", group="g", stream="s"),
+    )
+    tracing.count_dead_letters("g", 2)
+    tracing.count_lost("g", "s", 3)
+    assert sample("hookbus_dead_letters_total", source="g") == dead + 2
+    assert sample("hookbus_entries_lost_total", group="g", stream="s") == lost + 3
