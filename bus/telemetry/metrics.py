@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -97,6 +97,11 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "spans not exported: dropped (the export queue was full) or failed (the "
         "receiver refused them or did not answer); 0 with tracing off", ("reason",)),
 }  # fmt: skip
+
+
+#: No ``_created`` series beside each counter and histogram: they would double the series, and
+#: Prometheus's rate() does not need them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def _counter(name: str) -> Counter:
