@@ -1,7 +1,7 @@
 """The health endpoint (issue 17, item 17): ``HOOKBUS_HEALTH_PORT`` on a hook worker (sync and
-async) and on the coordinator service, as Kubernetes probes it. Liveness does not depend on
-Redis; readiness follows the service's own heartbeat to Redis. Real processes, a real
-redis-server stopped and started again."""
+async) and on the coordinator service, as Kubernetes probes it (and Prometheus scrapes it).
+Liveness does not depend on Redis; readiness follows the service's own heartbeat to Redis. Real
+processes, a real redis-server stopped and started again."""
 
 from __future__ import annotations
 
@@ -77,6 +77,8 @@ def test_livez_ignores_redis_and_readyz_follows_the_heartbeat(
         until(lambda: get(port, "/readyz")[0] == 200, "ready", TIMEOUT, explain)
         assert get(port, "/livez") == (200, "ok\n")
         assert get(port, "/healthz")[0] == 404
+        status, scraped = get(port, "/metrics")  # beside the probes (tests/test_metrics.py)
+        assert status == 200 and "# TYPE hookbus_decisions_total counter" in scraped
         assert get(port, "/livez", "POST")[0] == 405
         assert compose_check(port) == 0
 

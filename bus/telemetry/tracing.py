@@ -45,7 +45,7 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
@@ -887,12 +887,21 @@ def batch_span(
     return span(name, attributes, kind=SpanKind.CONSUMER, context=Context(), links=links)
 
 
+#: Also told of each count below, as (what, labels, n) (bus/telemetry/metrics.py, in the
+#: processes that serve /metrics: an agent's process does not load prometheus-client).
+listeners: list[Callable[[str, tuple[str, ...], int], None]] = []
+
+
 def count_dead_letters(source: str, n: int = 1) -> None:
+    for listener in listeners:
+        listener("dead_letters", (source,), n)
     if enabled():
         _instruments()["dead_letters"].add(n, {"source": source})
 
 
 def count_lost(group: str, stream: str, n: int) -> None:
+    for listener in listeners:
+        listener("lost", (group, stream), n)
     if enabled():
         _instruments()["lost"].add(n, {"hook.name": group, "stream": stream})
 

@@ -65,6 +65,7 @@ from bus.protocol import (
 )
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, HookSettings
+from bus.telemetry import metrics
 from bus.telemetry import tracing as telemetry
 from bus.transport.clock import START_SAMPLES, RedisClock
 from bus.transport.directory import write_manifest
@@ -173,6 +174,8 @@ class AsyncHookWorker:
         self._last_id: dict[str, str] = {}  # the newest id seen per stream, to wait past it
         self.registered = asyncio.Event()
         self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
+        metrics.track(self, "async-worker", self.group)  # at /metrics, with its backlog
+        metrics.track_group(self, self.group, self.streams)
         self._busy = asyncio.Lock()  # held while a batch runs (stopping waits for it)
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0

@@ -48,6 +48,7 @@ from bus.protocol import (
 from bus.ratelog import RateLimitedLog
 from bus.runner import check_context
 from bus.settings import BusSettings, HookSettings
+from bus.telemetry import metrics
 from bus.telemetry import tracing as telemetry
 from bus.transport.clock import MAX_SKEW_MS, ExpiredDrops, describe
 from bus.transport.coordinator import Coordinator, dispatch_source
@@ -161,10 +162,12 @@ async def decide(
     try:
         async with asyncio.timeout(timeout):  # in this task (wait_for would start another)
             result = await coordinator.run(request.event, ctx)
+        metrics.decided(request.event, result)
         return DecisionReply(
             id=new_id(), ts=now_ms(), request_id=request.id, event=request.event, result=result
         )
     except TimeoutError:
+        metrics.decided(request.event, None, error=True)
         return DecisionReply(
             id=new_id(),
             ts=now_ms(),
@@ -257,6 +260,9 @@ class CoordinatorService:
         self.ready = asyncio.Event()
         self.health = Health(settings.liveness_secs)  # what its probes answer (probes.py)
         self.health.not_deciding = self.coordinator.not_deciding
+        metrics.watch(self.coordinator, "coordinator")  # at /metrics (bus/telemetry/metrics.py)
+        metrics.track(self, "coordinator-service", "coordinators")
+        metrics.track_refusals(self, "request", lambda s: s.stats["refused"])
 
     @property
     def sources(self) -> list[Source]:

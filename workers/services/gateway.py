@@ -80,6 +80,7 @@ from bus.protocol import (
     raw,
 )
 from bus.ratelog import RateLimitedLog
+from bus.telemetry import metrics
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -336,6 +337,9 @@ class Gateway:
             "unauthorized_refused": 0,
             "cancelled": 0,
         }
+        metrics.watch(coordinator, "coordinator")  # at /metrics (bus/telemetry/metrics.py)
+        metrics.track(self, "gateway", "gateway")
+        metrics.track_refusals(self, "request", lambda g: g.stats["refused"])
 
     @property
     def tokens(self) -> Tokens:
@@ -647,6 +651,10 @@ def app(gateway: Gateway) -> Starlette:
             return respond(_json(503, {"status": "unavailable", "error": why}))
         return respond(await gateway.health())
 
+    async def prometheus(request: Request) -> Response:  # as the services' (probes.py)
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, 200, {"Content-Type": content_type})
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         await gateway.coordinator.start()
@@ -673,6 +681,7 @@ def app(gateway: Gateway) -> Starlette:
             Route("/healthz", health, methods=["GET"]),
             Route("/livez", livez, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
         ],
         lifespan=lifespan,
     )

@@ -7,11 +7,13 @@
   clock, as last measured against Redis's, is within the 1 s bound (docs/protocol.md 1.5: the
   service corrects its deadlines by the offset, but a host that far off needs its clock fixed),
   and it is not stopping; 503 otherwise, with the reason as the body.
+* ``GET /metrics``: the process's metrics for Prometheus (bus/telemetry/metrics.py), in
+  Prometheus's text format, or OpenMetrics when the ``Accept`` header asks for it.
 
 Answering costs the service a few microseconds on its own loop, where an exec probe started a
 Python process (about 0.3 s of CPU and 40 MB) every time.
 
-Why no web framework: two fixed paths, a status line and a short body; the image does not need
+Why no web framework: three fixed paths, a status line and a short body; the image does not need
 an HTTP server library for that (uvicorn is the optional ``gateway`` extra). Requests are read
 with a deadline and a size cap; anything else gets 404 or 405.
 """
@@ -24,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from bus.telemetry import metrics
 from bus.transport.clock import MAX_SKEW_MS, RedisClock, describe
 
 log = logging.getLogger("hookbus.probes")
@@ -85,9 +88,13 @@ async def start_probes(health: Health, port: int, host: str = "0.0.0.0") -> asyn
             status, body = "400 Bad Request", "bad request"
         except ConnectionError:
             return
-        payload = (body + "\n").encode()
+        content_type = "text/plain; charset=utf-8"
+        if isinstance(body, tuple):  # /metrics: already encoded, with its own type
+            payload, content_type = body
+        else:
+            payload = (body + "\n").encode()
         writer.write(
-            f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
             + payload
         )
@@ -98,22 +105,34 @@ async def start_probes(health: Health, port: int, host: str = "0.0.0.0") -> asyn
             await writer.wait_closed()
 
     server = await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_BYTES)
-    log.info("health endpoint on %s:%d (/livez, /readyz)", host, port)
+    log.info("health endpoint on %s:%d (/livez, /readyz, /metrics)", host, port)
     return server
 
 
-def answer(health: Health, head: bytes) -> tuple[str, str]:
-    """The status line and body for one request head."""
+def answer(health: Health, head: bytes) -> tuple[str, str | tuple[bytes, str]]:
+    """The status line and body for one request head (``/metrics``: the body encoded, and its
+    content type)."""
     request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
     parts = request_line.split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return "400 Bad Request", "bad request"
     method, target = parts[0], parts[1].split("?", 1)[0]
-    if target not in ("/livez", "/readyz"):
-        return "404 Not Found", "not found: /livez or /readyz"
+    if target not in ("/livez", "/readyz", "/metrics"):
+        return "404 Not Found", "not found: /livez, /readyz or /metrics"
     if method not in ("GET", "HEAD"):
         return "405 Method Not Allowed", "GET only"
     if target == "/livez":
         return "200 OK", "ok"
+    if target == "/metrics":
+        return "200 OK", metrics.exposition(header(head, b"accept"))
     ok, why = health.ready()
     return ("200 OK" if ok else "503 Service Unavailable"), why
+
+
+def header(head: bytes, name: bytes) -> str | None:
+    """The value of header ``name`` (lower case) in a request head, if it has one."""
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None

@@ -58,6 +58,7 @@ from bus.protocol import (
 )
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
+from bus.telemetry import metrics
 from bus.telemetry import tracing as telemetry
 from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.transport.directory import read_manifest, write_manifest
@@ -81,6 +82,7 @@ from bus.transport.redis_io import (
     refuse_retired,
     retire_replica,
 )
+from bus.transport.retention import group_backlogs
 from workers.services.loading import load_hook as load_hook  # where callers have found it
 from workers.services.loopwatch import LoopWatch, hook_codes
 from workers.services.probes import Health
@@ -258,6 +260,9 @@ class HookWorker:
         self.removed = False  # an operator removed the hook while this replica served it
         self.manifest = b""
         self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
+        metrics.track(self, "worker", self.spec.name)  # its stats, at /metrics
+        metrics.track_backlog(self, self.spec.name)
+        self.backlog = 0  # requests waiting in its stream, read every metrics.BACKLOG_SECS
 
     # -- registration ------------------------------------------------------------------------
 
@@ -492,6 +497,8 @@ class HookWorker:
             await self._ack(entry_id)  # the coordinator has given up on it: no reply
             return
         status, action, error = outcome
+        metrics.answered(self.spec.name, request.event, action, status != "ok",
+                         time.perf_counter() - t0)  # fmt: skip
         reply = HookReply(
             id=new_id(),
             ts=now_ms(),
@@ -666,9 +673,13 @@ class HookWorker:
 
     async def _keep_alive(self, stop: asyncio.Event) -> None:
         interval = min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
-        last_beat = 0.0
+        last_beat = last_backlog = 0.0
         while not stop.is_set():
             try:
+                if time.monotonic() - last_backlog >= metrics.BACKLOG_SECS:
+                    last_backlog = time.monotonic()
+                    mine = (await group_backlogs(self.redis, self.stream)).get(WORKERS_GROUP)
+                    self.backlog = (mine["lag"] or 0) + mine["pending"] if mine else 0
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
                     if await partitions_changed(self.redis, self.keys):
                         stop.set()
