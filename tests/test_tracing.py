@@ -70,14 +70,38 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
     [guard_span] = [s for s in spans if s["name"] == "hook Guard" and s["service"] ==
                     "hookbus-worker-Guard"]  # fmt: skip
     assert guard_span["trace_id"] == trace_id
-    assert chain(guard_span) == ["hook Guard", "dispatch PreToolUse", "tool file_read",
+    assert chain(guard_span) == ["hook Guard", "dispatch PreToolUse", "execute_tool file_read",
                                  "step 1", "turn"]  # fmt: skip
     attrs = guard_span["attributes"]
     assert attrs["hook.name"] == "Guard" and attrs["hook.event"] == "PreToolUse"
-    assert attrs["tool.name"] == "file_read" and attrs["session.id"] == "traced-session"
+    assert attrs["gen_ai.tool.name"] == "file_read" and attrs["session.id"] == "traced-session"
     assert attrs["hook.action"] == "Block" and attrs["hook.failure_policy"] == "ignore"
     assert attrs["hook.replica"] and attrs["hook.timed_out"] is False
+    # the time the coordinator gave it: the client's default (5 s), on Redis's clock
+    assert 4000 <= attrs["hook.timeout_ms"] <= 6000
     assert "Block" in guard_span["events"]
+
+    # Jaeger's service graph pairs a CLIENT span with its SERVER children in other services
+    dispatch = by_id[guard_span["parent_id"]]
+    assert (dispatch["kind"], guard_span["kind"]) == ("CLIENT", "SERVER")
+    assert dispatch["attributes"]["hookbus.decision"] == "Block"  # the combined decision
+    assert dispatch["attributes"]["gen_ai.tool.name"] == "file_read"
+    [call] = [by_id[dispatch["parent_id"]]]
+    assert call["attributes"]["gen_ai.operation.name"] == "execute_tool"
+    assert call["attributes"]["gen_ai.tool.name"] == "file_read"
+    assert call["attributes"]["gen_ai.tool.call.id"]
+    decisions = [s["attributes"]["hookbus.decision"] for s in spans
+                 if s["name"] == "dispatch PreToolUse"]  # fmt: skip
+    assert sorted(decisions) == ["Block", "Continue"]  # .env blocked; a.txt: Slow skipped
+
+    # the hook the agent runs in its own process: a span like the others, under the dispatch
+    in_process = [s for s in spans if s["name"] == "hook InProcess"]
+    assert len(in_process) == 2
+    for s in in_process:
+        assert s["service"] == "hookbus-agent" and s["kind"] == "INTERNAL"
+        assert by_id[s["parent_id"]]["name"] == "dispatch PreToolUse"
+        assert s["attributes"]["hook.action"] == "none"
+        assert s["attributes"]["hook.timeout_ms"] == 5000
     # every span of the turn is in that one trace
     agent_spans = [s for s in spans if s["service"] == "hookbus-agent"]
     assert {s["trace_id"] for s in agent_spans} == {trace_id}
@@ -86,6 +110,9 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
     timed_out = [s for s in spans if s["name"] == "hook Slow" and s["attributes"].get(
         "hook.timed_out") is True]  # fmt: skip
     assert timed_out and all(s["status"] == 2 for s in timed_out)
+    seen_by_agent = [s for s in timed_out if s["service"] == "hookbus-agent"]
+    assert seen_by_agent and all(s["kind"] == "INTERNAL" for s in seen_by_agent)
+    assert {s["attributes"]["hook.timeout_ms"] for s in seen_by_agent} == {300}
     assert any(chain(s)[1] == "dispatch PreToolUse" for s in timed_out)
 
     # the fail-open skip is counted in the agent's metrics

@@ -66,7 +66,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from bus.aggregation import Outcome, would_do
+from bus.aggregation import Outcome, _all_continue, would_do
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
@@ -113,6 +113,11 @@ def _exporter(kind: str, env: Mapping[str, str]) -> str:
         f"OTEL_EXPORTER_OTLP_{kind}_ENDPOINT"
     )
     return "otlp" if endpoint else "none"
+
+
+def console(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment sends traces to the console (``OTEL_TRACES_EXPORTER=console``)."""
+    return _exporter("TRACES", os.environ if env is None else env) == "console"
 
 
 def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
@@ -637,7 +642,11 @@ def instrument(runner: EventRunner) -> EventRunner:
         return runner
     runner._hookbus_traced = True  # type: ignore[attr-defined]
     gather = runner.gather
-    is_local = not hasattr(runner, "directory")
+    # A coordinator runs its remote hooks elsewhere (they record their own spans) and the
+    # hooks given to its add() here; a registry runs every hook here.
+    here: dict[HookEvent, list[Any]] | None = getattr(runner, "_local", None)
+    asker = getattr(runner, "asker", None)  # who the dispatch is for (the gateway's tenant)
+    default_timeout = runner.settings.hook_timeout_secs
 
     async def traced_gather(
         event: HookEvent, ctx: HookContext, *, sequential: bool = False
@@ -646,13 +655,21 @@ def instrument(runner: EventRunner) -> EventRunner:
         name = event._value_  # the member's value without the enum's property (a call)
         attrs = {"hook.event": name, "session.id": session_of(ctx)}
         if tool:
-            attrs["tool.name"] = tool
+            attrs["gen_ai.tool.name"] = tool
+        dispatch_attrs = dict(attrs)
+        if asker is not None and (source := asker()).startswith(TENANT_SOURCE):
+            dispatch_attrs["hookbus.tenant"] = source[len(TENANT_SOURCE) :]
         start = time.time_ns()
-        with span(f"dispatch {name}", dict(attrs)) as dispatch:
+        with span(f"dispatch {name}", dispatch_attrs, kind=SpanKind.CLIENT) as dispatch:
             outcomes = await gather(event, ctx, sequential=sequential)
-            record_outcomes(dispatch, event, attrs, outcomes, start, local=is_local)
-            if _state["content"] and tool:
-                record_content(dispatch, event, ctx, outcomes, runner.settings.truncate_chars)
+            if here is None:
+                local: Any = True
+            else:
+                local = {id(t.spec) for t in here[event]} if here[event] else ()
+            record_outcomes(dispatch, event, attrs, outcomes, start, local=local,
+                            default_timeout=default_timeout)  # fmt: skip
+            if dispatch.is_recording() and event in DECISION_EVENTS:
+                record_result(dispatch, event, ctx, outcomes, runner.settings.truncate_chars)
         _deferred.record(
             _instruments()["dispatch"],
             (time.time_ns() - start) / 1e9,
@@ -668,6 +685,13 @@ def instrument(runner: EventRunner) -> EventRunner:
     return runner
 
 
+#: How a dispatch's source names a tenant (the gateway's and the coordinator service's).
+TENANT_SOURCE = "tenant:"
+#: The events whose hooks' answers combine into one decision (``hookbus.decision``).
+DECISION_EVENTS = frozenset({HookEvent.PRE_TOOL_USE, HookEvent.PERMISSION_REQUEST,
+                             HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE})  # fmt: skip
+
+
 def record_outcomes(
     parent: Span | LightSpan,
     event: HookEvent,
@@ -675,12 +699,14 @@ def record_outcomes(
     outcomes: Sequence[Outcome],
     start_ns: int,
     *,
-    local: bool,
+    local: Any,
+    default_timeout: float,
 ) -> None:
     """Per-hook spans and metrics for one dispatch.
 
-    A hook that ran in this process gets its span here; a remote hook that answered has its
-    own span in its worker, so only its failures (timeout, unreachable) are recorded here.
+    A hook that ran in this process (``local``: True for every hook, else the ids of the specs
+    of those that did) gets its span here; a remote hook that answered has its own span in its
+    worker, so only its failures (timeout, unreachable) are recorded here.
     """
     inst = _instruments()
     for o in outcomes:
@@ -705,23 +731,23 @@ def record_outcomes(
                 inst["timeouts"].add(1, {"hook.name": o.spec.name})
         elif action == "Block":
             inst["blocks"].add(1, {"hook.name": o.spec.name})
-        if o.failure is None and not local:
+        if o.failure is None and local is not True and id(o.spec) not in local:
             continue
-        hook_attrs = {
-            **attrs,
-            "hook.mode": o.spec.mode,
-            "hook.name": o.spec.name,
-            "hook.failure_policy": o.spec.failure_policy,
-        }
+        if not parent.is_recording():
+            continue
         name = f"hook {o.spec.name}"
-        kind = SpanKind.INTERNAL if local else SpanKind.CLIENT
-        attributes = {**hook_attrs, "hook.action": action if o.failure is None else o.failure,
+        # INTERNAL: in this process, or a remote hook's failure seen from here. The dispatch
+        # span is the CLIENT a remote hook's SERVER span pairs with.
+        attributes = {**attrs, "hook.mode": o.spec.mode, "hook.name": o.spec.name,
+                      "hook.failure_policy": o.spec.failure_policy,
+                      "hook.timeout_ms": int((o.spec.timeout or default_timeout) * 1000),
+                      "hook.action": action if o.failure is None else o.failure,
                       "hook.timed_out": o.failure == "timeout"}  # fmt: skip
         child: Span | LightSpan
         if isinstance(parent, LightSpan):  # the dispatch span is current: the child's parent
-            child = start_span(name, attributes, kind=kind, start_ns=start_ns)
+            child = start_span(name, attributes, start_ns=start_ns)
         else:
-            child = tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind,
+            child = tracer.start_span(name, context=trace.set_span_in_context(parent),
                                       attributes=attributes, start_time=start_ns)  # fmt: skip
         annotate(child, o.action)
         if o.failure is not None:
@@ -729,34 +755,49 @@ def record_outcomes(
         child.end(start_ns + int(o.elapsed * 1e9))
 
 
-def record_content(
+def record_result(
     span: Span | LightSpan,
     event: HookEvent,
     ctx: HookContext,
     outcomes: Sequence[Outcome],
     truncate_chars: int,
 ) -> None:
-    """With the opt-in (``CAPTURE_CONTENT``): the tool call's final input or output on its
-    dispatch span, aggregated from ``outcomes`` as the runner aggregates them — every rewrite
-    applied, as the agent gets it, never the input or output as it came. A blocked call's
-    input is not recorded: the tool never ran with it."""
+    """The dispatch's combined decision (``hookbus.decision``: the aggregated action, as the
+    runner aggregates ``outcomes``) and, with the opt-in (``CAPTURE_CONTENT``), the tool
+    call's final input or output — every rewrite applied, as the agent gets it, never the
+    input or output as it came. A blocked call's input is not recorded: the tool never ran
+    with it."""
+    if not _state["content"] and _all_continue(outcomes):  # the common case: nothing to combine
+        span.set_attribute("hookbus.decision", "Continue")
+        return
     import datetime as dt
     import json
 
     from bus.actions import Block
-    from bus.aggregation import aggregate_post_tool_use, aggregate_pre_tool_use
+    from bus.aggregation import (
+        aggregate_permission_request,
+        aggregate_post_tool_use,
+        aggregate_pre_tool_use,
+    )
 
     now = dt.datetime.now(dt.UTC)
     if event is HookEvent.PRE_TOOL_USE:
         pre = aggregate_pre_tool_use(getattr(ctx, "tool_args", {}), outcomes, now)
-        if not isinstance(pre.action, Block):
+        span.set_attribute("hookbus.decision", action_tag(pre.action))
+        if _state["content"] and not isinstance(pre.action, Block):
             text = json.dumps(pre.final_args, ensure_ascii=False, default=str)
             span.set_attribute("gen_ai.tool.call.arguments", text[:CONTENT_CHARS])
-    elif event in (HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE):
+    elif event is HookEvent.PERMISSION_REQUEST:
+        decided = aggregate_permission_request(outcomes, now).action
+        span.set_attribute("hookbus.decision", action_tag(decided))
+    else:
         field = "output_content" if event is HookEvent.POST_TOOL_USE else "error_message"
         content = str(getattr(ctx, field, ""))
         post = aggregate_post_tool_use(event, content, outcomes, now, truncate_chars)
-        span.set_attribute("gen_ai.tool.call.result", post.final_content[:CONTENT_CHARS])
+        rewritten = post.final_content != content
+        span.set_attribute("hookbus.decision", "MutateOutput" if rewritten else "Continue")
+        if _state["content"]:
+            span.set_attribute("gen_ai.tool.call.result", post.final_content[:CONTENT_CHARS])
 
 
 def action_tag(action: Any) -> str:

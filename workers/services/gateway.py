@@ -57,7 +57,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -604,12 +604,30 @@ async def _read(request: Request, limit: int) -> tuple[bytes, bool]:
 def app(gateway: Gateway) -> Starlette:
     """The gateway's ASGI application; its lifespan starts and closes the coordinator."""
 
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate
     from starlette.applications import Starlette
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from bus.telemetry import tracing as telemetry
+
     def respond(answer: Answer) -> Response:
         return Response(answer.body, answer.status, answer.headers, media_type=JSON)
+
+    @contextlib.contextmanager
+    def caller_trace(request: Request) -> Iterator[None]:
+        """The caller's trace continues through the dispatch: its W3C ``traceparent`` header
+        (read by OpenTelemetry's propagators, ``OTEL_PROPAGATORS``) is the current context.
+        A ``DecisionRequest``'s own ``traceparent`` field, when set, still comes first."""
+        if not telemetry.enabled() or "traceparent" not in request.headers:
+            yield
+            return
+        token = otel_context.attach(propagate.extract(request.headers))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
 
     async def decisions(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
@@ -618,14 +636,16 @@ def app(gateway: Gateway) -> Starlette:
         body, whole = await _read(request, gateway.max_body)
         if not whole:
             return respond(gateway.error_reply(413, gateway.too_large("the request")))
-        return respond(await gateway.decisions(tenant, body))
+        with caller_trace(request):
+            return respond(await gateway.decisions(tenant, body))
 
     async def claude_code(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
         body, whole = await _read(request, gateway.max_body)
         if tenant is None:
             return respond(gateway.unauthorized_claude_code(body, why))
-        return respond(await gateway.claude_code(tenant, body, whole=whole))
+        with caller_trace(request):
+            return respond(await gateway.claude_code(tenant, body, whole=whole))
 
     async def cancel(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))

@@ -614,7 +614,8 @@ class HookWorker:
             "session.id": request.session_id,
             "hook.failure_policy": self.spec.failure_policy,
             "hook.replica": self.replica,
-            **({"tool.name": tool} if tool else {}),
+            "hook.timeout_ms": request.deadline - request.ts,  # what the coordinator gave it
+            **({"gen_ai.tool.name": tool} if tool else {}),
         }
         name = f"hook {self.spec.name}"
         with telemetry.hook_span(name, attrs, request.traceparent, request.tracestate) as span:
