@@ -288,3 +288,64 @@ async def test_a_secret_the_hooks_redacted_never_reaches_the_exporter(capture: b
         assert post["gen_ai.tool.call.result"] == REDACTED_OUTPUT
     else:
         assert "gen_ai.tool.call.arguments" not in pre and "gen_ai.tool.call.result" not in post
+
+
+# -- issue 35, item 9: the gateway continues the caller's trace ---------------------------------
+
+
+async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision posted with a W3C ``traceparent`` header (as an HTTP client's OpenTelemetry
+    instrumentation sends it): the gateway's dispatch span is its child, in its trace, and
+    the hook service's span is the dispatch's. Before, the header was ignored: a new trace."""
+    from tests.test_gateway import live, start_gateway
+
+    caller_trace, caller_span = "ab" * 16, "cd" * 8
+    with OTLPReceiver() as receiver:
+        for key, value in otel_env(receiver, "hookbus-gateway").items():
+            monkeypatch.setenv(key, value)
+        guard = procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard",
+                             OTEL_SERVICE_NAME="hookbus-secret-guard")  # fmt: skip
+        live(bus_settings, "SecretGuard")
+        gateway = start_gateway(procs, bus_settings, tmp_path, tenant="acme")
+        body = {"event": PRE, "context": {"session_id": "s1", "tool_name": "file_read",
+                                          "tool_args": {"path": ".env"}}}  # fmt: skip
+        status, reply, _ = gateway.post("/v1/decisions", body,
+                                        traceparent=traceparent(caller_trace, caller_span))
+        assert status == 200 and reply["result"]["action"]["type"] == "Block", reply
+        for proc in (gateway.proc, guard):  # a clean stop flushes their spans
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
+                       <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
+        spans = list(receiver.spans)
+
+    [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
+    assert dispatch["service"] == "hookbus-gateway" and dispatch["kind"] == "CLIENT"
+    assert (dispatch["trace_id"], dispatch["parent_id"]) == (caller_trace, caller_span)
+    assert dispatch["attributes"]["hookbus.tenant"] == "acme"
+    assert dispatch["attributes"]["hookbus.decision"] == "Block"
+    [hook] = [s for s in spans if s["name"] == "hook SecretGuard"]
+    assert hook["service"] == "hookbus-secret-guard" and hook["kind"] == "SERVER"
+    assert (hook["trace_id"], hook["parent_id"]) == (caller_trace, dispatch["span_id"])
+
+
+def test_the_console_shows_every_demo_hook_service_s_spans_under_its_own_name() -> None:
+    """``OTEL_TRACES_EXPORTER=console make demo``: the hook services' spans are printed beside
+    the agent's, each service under its own name, and the hook the agent runs in its process
+    (MetricsHook) has spans too. Before, the services' output was discarded, all of them were
+    ``hookbus-worker``, and a HookClient's in-process hooks had no span."""
+    import re
+
+    from agent_adapter.demo import HOOK_SERVICES
+
+    result = hookbus_run(["demo"], {"OTEL_TRACES_EXPORTER": "console",
+                                    "OTEL_METRICS_EXPORTER": "none"}, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "distributed" in result.stdout or "hook services" in result.stdout, result.stdout[:500]
+    services = set(re.findall(r'"service\.name": "([^"]+)"', result.stdout))
+    expected = {f"hookbus-{target[0].rpartition(':')[2]}" for target in HOOK_SERVICES}
+    assert {*expected, "hookbus-agent"} <= services, services
+    assert '"name": "hook MetricsHook"' in result.stdout
+    assert '"kind": "SpanKind.SERVER"' in result.stdout
