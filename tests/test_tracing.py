@@ -311,8 +311,9 @@ async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
         gateway = start_gateway(procs, bus_settings, tmp_path, tenant="acme")
         body = {"event": PRE, "context": {"session_id": "s1", "tool_name": "file_read",
                                           "tool_args": {"path": ".env"}}}  # fmt: skip
-        status, reply, _ = gateway.post("/v1/decisions", body,
-                                        traceparent=traceparent(caller_trace, caller_span))
+        status, reply, _ = gateway.post(
+            "/v1/decisions", body, traceparent=traceparent(caller_trace, caller_span)
+        )
         assert status == 200 and reply["result"]["action"]["type"] == "Block", reply
         for proc in (gateway.proc, guard):  # a clean stop flushes their spans
             proc.send_signal(signal.SIGTERM)
