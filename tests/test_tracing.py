@@ -3,7 +3,9 @@ OTLP/HTTP to a real receiver that decodes the protobuf payloads."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,33 @@ from tests.otlp_receiver import OTLPReceiver
 from tests.remote_hooks import HookConfig
 
 PRE = HookEvent.PRE_TOOL_USE.value
+
+
+def span_table() -> dict[tuple[str, str], set[str]]:
+    """docs/protocol.md's table of spans: (a pattern of the name, the kind) → the attribute
+    names its row lists (every lowercase name in backticks)."""
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    rows = text[text.index("| span | kind | recorded by | attributes |") :].splitlines()[2:]
+    table: dict[tuple[str, str], set[str]] = {}
+    for row in itertools.takewhile(lambda line: line.startswith("|"), rows):
+        name, kind, _, attributes = (cell.strip() for cell in row.strip("|").split(" | "))
+        pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(name.strip("`")))
+        listed = set(re.findall(r"`([a-z_][a-z_.]*)`", attributes))
+        table.setdefault((pattern, kind), set()).update(listed)
+    return table
+
+
+def check_span_table(spans: list[dict[str, Any]]) -> None:
+    """Each span has a row of docs/protocol.md's table for its name and kind, which lists each
+    of its attributes."""
+    table = span_table()
+    assert len(table) >= 7, table
+    for s in spans:
+        listed = [keys for (pattern, kind), keys in table.items()
+                  if kind == s["kind"] and re.fullmatch(pattern, s["name"])]  # fmt: skip
+        assert listed, f"{s['name']} ({s['kind']}) has no row in docs/protocol.md's span table"
+        unlisted = set(s["attributes"]) - set().union(*listed)
+        assert not unlisted, f"{s['name']} ({s['kind']}): {unlisted} not in the span table"
 
 
 def otel_env(receiver: OTLPReceiver, service: str) -> dict[str, str]:
@@ -53,6 +82,7 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
         await wait_for(lambda: any(s["name"] == "hook Guard" and s["service"] != "hookbus-agent"
                                    for s in receiver.spans), what="the worker's span")  # fmt: skip
         spans = list(receiver.spans)
+    check_span_table(spans)
 
     by_id = {s["span_id"]: s for s in spans}
     [turn] = [s for s in spans if s["name"] == "turn"]
@@ -185,6 +215,7 @@ async def test_batch_hooks_record_a_span_per_batch_linked_to_each_publisher(
         await wait_for(linked, 60, "batch spans linked to every publisher")
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
+    check_span_table(list(receiver.spans))
     spans = batches()
     events = [s for s in spans if s["attributes"]["hook.method"] == "on_batch"]
     audits = [s for s in spans if s["attributes"]["hook.method"] == "on_audit"]
@@ -272,6 +303,7 @@ async def test_a_secret_the_hooks_redacted_never_reaches_the_exporter(capture: b
         await wait_for(lambda: names <= {s["name"] for s in receiver.spans}, what="the spans")
         spans = list(receiver.spans)
         sent = b"".join(receiver.bodies)
+    check_span_table(spans)
 
     assert SECRET.encode() not in sent
     assert SECRET not in json.dumps(spans)
@@ -321,6 +353,7 @@ async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
         await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
                        <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
         spans = list(receiver.spans)
+    check_span_table(spans)
 
     [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
     assert dispatch["service"] == "hookbus-gateway" and dispatch["kind"] == "CLIENT"
