@@ -80,6 +80,10 @@ _state = {"enabled": False, "content": False}
 #: spans are the SDK's (console exporter, OTLP over gRPC).
 _last_export: SpanExport | None = None
 _sdk_spans = False
+#: Whether traces over OTLP/HTTP are HookBus's ``LightSpan``s sent by export.py's thread (True)
+#: or the SDK's spans, batch span processor and OTLP/HTTP exporter, as over gRPC (False): what
+#: ``bench/tracing_cost.py`` compares, in the same run.
+private_export = True
 #: What the exporters may still take at shutdown to send what is left (seconds).
 FLUSH_SECS = 2.0
 #: The SDK's exporters (metrics; spans to the console or over gRPC), shut down past FLUSH_SECS.
@@ -153,6 +157,10 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
             )
 
             span_exporter = GrpcSpanExporter()
+        elif not private_export:  # the SDK's OTLP/HTTP exporter (bench/tracing_cost.py)
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            span_exporter = OTLPSpanExporter()
         else:  # OTLP/HTTP: HookBus's spans and the application's through one export thread
             from bus.telemetry.export import Forward
 
