@@ -383,3 +383,49 @@ def test_the_console_shows_every_demo_hook_service_s_spans_under_its_own_name() 
     assert {*expected, "hookbus-agent"} <= services, services
     assert '"name": "hook MetricsHook"' in result.stdout
     assert '"kind": "SpanKind.SERVER"' in result.stdout
+
+
+async def test_the_coordinator_service_records_its_dispatch_span_under_the_request_s_trace(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """``hookbus coordinator``: its dispatch span (CLIENT) continues the ``DecisionRequest``'s
+    ``traceparent``, and the hook service's span hangs under it. Before, the service built its
+    coordinator before telemetry was configured: no dispatch span, the hook's span straight
+    under the agent's."""
+    from redis import Redis
+
+    from bus.events import PreToolUseContext
+    from bus.protocol import DecisionRequest, encode, new_id, now_ms, raw
+    from bus.transport.keys import Keys
+    from tests.test_gateway import live
+
+    caller_trace, caller_span = "ef" * 16, "12" * 8
+    keys = Keys(bus_settings.prefix)
+    with OTLPReceiver() as receiver:
+        guard = procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard",
+                             **otel_env(receiver, "hookbus-secret-guard"))  # fmt: skip
+        live(bus_settings, "SecretGuard")
+        env = worker_env(bus_settings, **otel_env(receiver, "hookbus-coordinator"))
+        coordinator = procs.start(["coordinator"], env, "coordinator")
+        ctx = PreToolUseContext(session_id="s1", tool_name="file_read", tool_args={"path": ".env"})
+        inbox = keys.inbox(f"trace-{new_id()[:8]}")
+        request = DecisionRequest(
+            id=new_id(), ts=now_ms(), event=HookEvent.PRE_TOOL_USE, context=raw(ctx),
+            reply_to=inbox, timeout_ms=5000, traceparent=traceparent(caller_trace, caller_span),
+        )  # fmt: skip
+        with Redis.from_url(bus_settings.redis_url) as r:
+            r.xadd(keys.decisions(ctx.session_id), {"data": encode(request)})
+            assert r.blpop([inbox], 4) is not None, "no DecisionReply"
+        for proc in (coordinator, guard):  # a clean stop flushes their spans
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
+                       <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
+        spans = list(receiver.spans)
+    check_span_table(spans)
+    [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
+    assert dispatch["service"] == "hookbus-coordinator" and dispatch["kind"] == "CLIENT"
+    assert (dispatch["trace_id"], dispatch["parent_id"]) == (caller_trace, caller_span)
+    assert dispatch["attributes"]["hookbus.decision"] == "Block"
+    [hook] = [s for s in spans if s["name"] == "hook SecretGuard"]
+    assert (hook["trace_id"], hook["parent_id"]) == (caller_trace, dispatch["span_id"])
