@@ -43,6 +43,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -856,23 +857,20 @@ def _w3c(trace_id: int, span_id: int, flags: int, state: TraceState | None) -> t
 MAX_TRACESTATE = 512
 
 
+#: A W3C ``traceparent``: version, trace id, span id, flags, lowercase hex (what a later version
+#: adds after them kept apart: version 00 has none).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.S)
+
+
 def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
     """The remote span context of a W3C ``traceparent`` (None if it is not a valid one)."""
-    parts = traceparent.split("-")
-    if len(parts) < 4 or not traceparent.isascii() or traceparent != traceparent.lower():
+    match = _TRACEPARENT.fullmatch(traceparent)
+    if match is None:
         return None
-    version, trace_hex, span_hex, flags = parts[:4]
-    if len(version) != 2 or version == "ff" or (version == "00" and len(parts) != 4):
+    version, trace_hex, span_hex, flags, more = match.groups()
+    if version == "ff" or (version == "00" and more is not None):
         return None
-    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags) != 2:
-        return None
-    if not (trace_hex + span_hex + flags + version).isalnum():  # no sign, space or underscore
-        return None
-    try:  # int() then rejects any letter past f
-        trace_id, span_id, bits = int(trace_hex, 16), int(span_hex, 16), int(flags, 16)
-        int(version, 16)
-    except ValueError:
-        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
     if not trace_id or not span_id:
         return None
     # A longer tracestate is dropped, as W3C Trace Context lets a vendor do past 512 characters:
@@ -880,7 +878,7 @@ def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
     # twice as long), and a sender's 16 kB one would push a hook's request over
     # MAX_MESSAGE_BYTES, failing every hook under its own policy.
     state = TraceState.from_header([tracestate]) if 0 < len(tracestate) <= MAX_TRACESTATE else None
-    return SpanContext(trace_id, span_id, True, TraceFlags(bits), state)
+    return SpanContext(trace_id, span_id, True, TraceFlags(int(flags, 16)), state)
 
 
 def context_from(traceparent: str, tracestate: str = "") -> Context:
