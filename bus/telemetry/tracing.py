@@ -20,9 +20,11 @@ the SDK's ``BatchSpanProcessor``.
 ``shutdown`` flushes what is left within ``FLUSH_SECS``; with the collector down it gives up
 then instead of retrying for the exporters' full timeout.
 
-Spans: the agent's turn → step → tool call → ``dispatch <Event>`` (in the coordinator or
-registry) → ``hook <name>`` (in the worker process that ran it, its parent carried in the
-request's ``traceparent``). Async hook spans link to the span that published the event.
+Spans: the agent's turn → step → ``execute_tool <tool>`` → ``dispatch <Event>`` (CLIENT, in
+the coordinator or registry) → ``hook <name>`` (SERVER, in the worker process that ran it, its
+parent carried in the request's ``traceparent``; INTERNAL for a hook run in the coordinator's
+process). Async hook spans link to the span that published the event. Every span, its kind and
+attributes: docs/protocol.md 6.9, checked by tests/test_tracing.py.
 
 No tool input or output leaves through telemetry by default: span attributes name the event,
 session, tool and hooks; a hook's action is a span event with what the agent sees of it (a

@@ -37,7 +37,8 @@ scopes its sessions: a request's session id ``S`` is dispatched as ``<tenant>/S`
 (``qualify()``, as by the coordinator service), so a token reaches only its own tenant's
 sessions. Dispatches
 run on a ``Coordinator`` in this process, with the same ``decide()`` as the coordinator service,
-so HTTP and Redis agents get the same semantics.
+so HTTP and Redis agents get the same semantics. A POST's W3C ``traceparent`` header continues
+the caller's trace through the dispatch (docs/protocol.md 6.9).
 
 Starlette and uvicorn are the ``gateway`` extra (``pip install 'hookbus[gateway]'``): they are
 imported when the gateway serves, so that the rest of the ``hookbus`` command works without them.
