@@ -347,22 +347,33 @@ async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
             "/v1/decisions", body, traceparent=traceparent(caller_trace, caller_span)
         )
         assert status == 200 and reply["result"]["action"]["type"] == "Block", reply
-        for proc in (gateway.proc, guard):  # a clean stop flushes their spans
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-        await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
-                       <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
-        spans = list(receiver.spans)
-    check_span_table(spans)
-
-    [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
-    assert dispatch["service"] == "hookbus-gateway" and dispatch["kind"] == "CLIENT"
-    assert (dispatch["trace_id"], dispatch["parent_id"]) == (caller_trace, caller_span)
+        dispatch = await dispatch_continues(
+            receiver, (gateway.proc, guard), "hookbus-gateway", caller_trace, caller_span
+        )
     assert dispatch["attributes"]["hookbus.tenant"] == "acme"
+
+
+async def dispatch_continues(
+    receiver: OTLPReceiver, procs: Any, service: str, caller_trace: str, caller_span: str
+) -> dict[str, Any]:
+    """Stop ``procs`` (a clean stop flushes their spans); then ``service``'s dispatch span
+    (CLIENT, the guard's Block as its decision) is the child of the caller's span, and
+    SecretGuard's span (SERVER) is its child. Returns the dispatch span."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
+                   <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
+    spans = list(receiver.spans)
+    check_span_table(spans)
+    [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
+    assert dispatch["service"] == service and dispatch["kind"] == "CLIENT"
+    assert (dispatch["trace_id"], dispatch["parent_id"]) == (caller_trace, caller_span)
     assert dispatch["attributes"]["hookbus.decision"] == "Block"
     [hook] = [s for s in spans if s["name"] == "hook SecretGuard"]
     assert hook["service"] == "hookbus-secret-guard" and hook["kind"] == "SERVER"
     assert (hook["trace_id"], hook["parent_id"]) == (caller_trace, dispatch["span_id"])
+    return dispatch
 
 
 def test_the_console_shows_every_demo_hook_service_s_spans_under_its_own_name() -> None:
@@ -416,16 +427,6 @@ async def test_the_coordinator_service_records_its_dispatch_span_under_the_reque
         with Redis.from_url(bus_settings.redis_url) as r:
             r.xadd(keys.decisions(ctx.session_id), {"data": encode(request)})
             assert r.blpop([inbox], 4) is not None, "no DecisionReply"
-        for proc in (coordinator, guard):  # a clean stop flushes their spans
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-        await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
-                       <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
-        spans = list(receiver.spans)
-    check_span_table(spans)
-    [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
-    assert dispatch["service"] == "hookbus-coordinator" and dispatch["kind"] == "CLIENT"
-    assert (dispatch["trace_id"], dispatch["parent_id"]) == (caller_trace, caller_span)
-    assert dispatch["attributes"]["hookbus.decision"] == "Block"
-    [hook] = [s for s in spans if s["name"] == "hook SecretGuard"]
-    assert (hook["trace_id"], hook["parent_id"]) == (caller_trace, dispatch["span_id"])
+        await dispatch_continues(
+            receiver, (coordinator, guard), "hookbus-coordinator", caller_trace, caller_span
+        )
