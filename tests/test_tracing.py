@@ -331,8 +331,9 @@ async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
     bus_settings: BusSettings, procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A decision posted with a W3C ``traceparent`` header (as an HTTP client's OpenTelemetry
-    instrumentation sends it): the gateway's dispatch span is its child, in its trace, and
-    the hook service's span is the dispatch's. Before, the header was ignored: a new trace."""
+    instrumentation sends it): the gateway's request span is its child, in its trace, the
+    dispatch span the request's, and the hook service's span the dispatch's. Before, the header
+    was ignored: a new trace."""
     from tests.test_gateway import live, start_gateway
 
     caller_trace, caller_span = "ab" * 16, "cd" * 8
@@ -349,18 +350,26 @@ async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
             "/v1/decisions", body, traceparent=traceparent(caller_trace, caller_span)
         )
         assert status == 200 and reply["result"]["action"]["type"] == "Block", reply
-        dispatch = await dispatch_continues(
-            receiver, (gateway.proc, guard), "hookbus-gateway", caller_trace, caller_span
+        dispatch, spans = await dispatch_continues(
+            receiver, (gateway.proc, guard), "hookbus-gateway", caller_trace
         )
+    [served] = [s for s in spans if s["name"] == "POST /v1/decisions"]
+    assert dispatch["parent_id"] == served["span_id"]
+    # the request's SERVER span (as OpenTelemetry's ASGI instrumentation makes) is the caller's
+    # span's child, and the dispatch's parent
+    assert served["kind"] == "SERVER" and served["service"] == "hookbus-gateway"
+    assert (served["trace_id"], served["parent_id"]) == (caller_trace, caller_span)
+    assert served["attributes"] == {"http.request.method": "POST", "http.route": "/v1/decisions",
+                                    "http.response.status_code": 200}  # fmt: skip
     assert dispatch["attributes"]["hookbus.tenant"] == "acme"
 
 
 async def dispatch_continues(
-    receiver: OTLPReceiver, procs: Any, service: str, caller_trace: str, caller_span: str
-) -> dict[str, Any]:
+    receiver: OTLPReceiver, procs: Any, service: str, caller_trace: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Stop ``procs`` (a clean stop flushes their spans); then ``service``'s dispatch span
-    (CLIENT, the guard's Block as its decision) is the child of the caller's span, and
-    SecretGuard's span (SERVER) is its child. Returns the dispatch span."""
+    (CLIENT, the guard's Block as its decision) is in the caller's trace, and SecretGuard's
+    span (SERVER) is its child. Returns the dispatch span and every span received."""
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -370,12 +379,12 @@ async def dispatch_continues(
     check_span_table(spans)
     [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
     assert dispatch["service"] == service and dispatch["kind"] == "CLIENT"
-    assert (dispatch["trace_id"], dispatch["parent_id"]) == (caller_trace, caller_span)
+    assert dispatch["trace_id"] == caller_trace
     assert dispatch["attributes"]["hookbus.decision"] == "Block"
     [hook] = [s for s in spans if s["name"] == "hook SecretGuard"]
     assert hook["service"] == "hookbus-secret-guard" and hook["kind"] == "SERVER"
     assert (hook["trace_id"], hook["parent_id"]) == (caller_trace, dispatch["span_id"])
-    return dispatch
+    return dispatch, spans
 
 
 def test_the_console_shows_every_demo_hook_service_s_spans_under_its_own_name() -> None:
@@ -429,6 +438,7 @@ async def test_the_coordinator_service_records_its_dispatch_span_under_the_reque
         with Redis.from_url(bus_settings.redis_url) as r:
             r.xadd(keys.decisions(ctx.session_id), {"data": encode(request)})
             assert r.blpop([inbox], 4) is not None, "no DecisionReply"
-        await dispatch_continues(
-            receiver, (coordinator, guard), "hookbus-coordinator", caller_trace, caller_span
+        dispatch, _ = await dispatch_continues(
+            receiver, (coordinator, guard), "hookbus-coordinator", caller_trace
         )
+    assert dispatch["parent_id"] == caller_span

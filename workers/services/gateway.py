@@ -605,8 +605,8 @@ async def _read(request: Request, limit: int) -> tuple[bytes, bool]:
 def app(gateway: Gateway) -> Starlette:
     """The gateway's ASGI application; its lifespan starts and closes the coordinator."""
 
-    from opentelemetry import context as otel_context
     from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
     from starlette.applications import Starlette
     from starlette.responses import Response
     from starlette.routing import Route
@@ -617,18 +617,25 @@ def app(gateway: Gateway) -> Starlette:
         return Response(answer.body, answer.status, answer.headers, media_type=JSON)
 
     @contextlib.contextmanager
-    def caller_trace(request: Request) -> Iterator[None]:
-        """The caller's trace continues through the dispatch: its W3C ``traceparent`` header
-        (read by OpenTelemetry's propagators, ``OTEL_PROPAGATORS``) is the current context.
+    def served(request: Request, route: str) -> Iterator[Any]:
+        """The request's span (kind SERVER, as OpenTelemetry's ASGI instrumentation makes),
+        in the caller's trace when its W3C ``traceparent`` header names one (read by
+        OpenTelemetry's propagators, ``OTEL_PROPAGATORS``); the dispatch's span is its child.
         A ``DecisionRequest``'s own ``traceparent`` field, when set, still comes first."""
-        if not telemetry.enabled() or "traceparent" not in request.headers:
-            yield
+        if not telemetry.enabled():
+            yield None
             return
-        token = otel_context.attach(propagate.extract(request.headers))
-        try:
-            yield
-        finally:
-            otel_context.detach(token)
+        caller = propagate.extract(request.headers) if "traceparent" in request.headers else None
+        attributes = {"http.request.method": "POST", "http.route": route}
+        with telemetry.span(
+            f"POST {route}", attributes, kind=SpanKind.SERVER, context=caller
+        ) as span:
+            yield span
+
+    def answered(span: Any, answer: Answer) -> Response:
+        if span is not None:
+            span.set_attribute("http.response.status_code", answer.status)
+        return respond(answer)
 
     async def decisions(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
@@ -637,16 +644,16 @@ def app(gateway: Gateway) -> Starlette:
         body, whole = await _read(request, gateway.max_body)
         if not whole:
             return respond(gateway.error_reply(413, gateway.too_large("the request")))
-        with caller_trace(request):
-            return respond(await gateway.decisions(tenant, body))
+        with served(request, "/v1/decisions") as span:
+            return answered(span, await gateway.decisions(tenant, body))
 
     async def claude_code(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
         body, whole = await _read(request, gateway.max_body)
         if tenant is None:
             return respond(gateway.unauthorized_claude_code(body, why))
-        with caller_trace(request):
-            return respond(await gateway.claude_code(tenant, body, whole=whole))
+        with served(request, "/claude-code") as span:
+            return answered(span, await gateway.claude_code(tenant, body, whole=whole))
 
     async def cancel(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
