@@ -286,8 +286,10 @@ async def run_distributed(
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "worker", *target],
-            env=env,
-            stdout=subprocess.DEVNULL,
+            # each service its own name in a trace, as under `hookbus up` and Compose
+            env={**env, "OTEL_SERVICE_NAME": f"hookbus-{target[0].rpartition(':')[2]}"},
+            # the console exporter writes the hook services' spans beside the agent's
+            stdout=None if telemetry.console() else subprocess.DEVNULL,
             stderr=(workdir / f"worker-{i}.log").open("wb"),
         )
         for i, target in enumerate([] if attach else HOOK_SERVICES)

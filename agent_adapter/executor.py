@@ -149,8 +149,10 @@ class ToolExecutor:
     async def _one(
         self, session_id: str, call: ToolCall, step: int, agent_name: str, is_subagent: bool
     ) -> _Call:
-        attrs = {"tool.name": call.name, "session.id": session_id, "agent.name": agent_name}
-        with telemetry.span(f"tool {call.name}", attrs) as span:
+        attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                 "gen_ai.tool.call.id": call.id, "session.id": session_id,
+                 "agent.name": agent_name}  # fmt: skip
+        with telemetry.span(f"execute_tool {call.name}", attrs) as span:
             done = await self._run_call(session_id, call, step, agent_name, is_subagent)
             span.set_attribute("tool.is_error", done.message.is_error)
             return done

@@ -588,6 +588,8 @@ def summary_rows(reports: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         t = r.get("target") or {}
         series = (
             ("", "1 hook over Redis, tracing on (OTLP)", "on", "off", "tracing off", "tracing"),
+            ("sdk_", "1 hook over Redis, tracing on, through the SDK's exporter", "on-sdk", "off",
+             "tracing off", "tracing.sdk"),
             ("floor_", "floor (redis-py, stock OpenTelemetry SDK), tracing on", "floor-on",
              "floor-off", "floor, tracing off", "tracing.floor"),
         )  # fmt: skip

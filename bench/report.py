@@ -196,6 +196,13 @@ def tracing(t: dict[str, Any]) -> list[str]:
                    f"{_n(on['p50_us'])} µs / p99 {_n(on['p99_us'])} µs: "
                    f"**{t['floor_ratio_p50']:.2f}× at p50**, **{t['floor_ratio_p99']:.2f}× at "
                    f"p99**.")  # fmt: skip
+    if "sdk_ratio_p50" in t:
+        sdk = t["on-sdk"]
+        out[0] += (f" HookBus with its spans sent through the SDK's span machinery, batch span "
+                   f"processor and OTLP/HTTP exporter instead of its own (`on-sdk`): p50 "
+                   f"{_n(sdk['p50_us'])} µs / p99 {_n(sdk['p99_us'])} µs: "
+                   f"**{t['sdk_ratio_p50']:.2f}× at p50**, **{t['sdk_ratio_p99']:.2f}× at "
+                   f"p99**.")  # fmt: skip
     spans = t.get("spans")
     if spans:
         got, want = sum(spans["received"].values()), sum(spans["expected"].values())
@@ -205,16 +212,24 @@ def tracing(t: dict[str, Any]) -> list[str]:
     if cpu:
         rows = []
         for role in ("agent", "worker"):
-            for side, who in (("", "HookBus"), ("floor-", "floor")):
+            for side, on_side, who in (("", "on", "HookBus"),
+                                       ("", "on-sdk", "HookBus (the SDK's exporter)"),
+                                       ("floor-", "on", "floor")):  # fmt: skip
                 for thread in ("main", "python"):
                     off = cpu.get(f"{role}-{side}off:{thread}")
-                    on = cpu.get(f"{role}-{side}on:{thread}")
+                    on = cpu.get(f"{role}-{side}{on_side}:{thread}")
                     if on is None:
                         continue
                     what = "event loop" if thread == "main" else "export thread"
                     rows.append([f"{who} {role}, {what}", _n(off or 0), _n(on),
                                  f"{on - (off or 0):+,.0f}"])  # fmt: skip
         rows.append(["receiver (decodes the spans)", "", _n(cpu.get("receiver", 0)), ""])
+        by_side = t.get("cpu_us_per_dispatch_by_side") or {}
+        for who, off, on in (("HookBus", "off", "on"), ("HookBus, the SDK's exporter", "off",
+                             "on-sdk"), ("floor", "floor-off", "floor-on")):  # fmt: skip
+            if on in by_side:
+                rows.append([f"{who}: agent + hook process, every thread", _n(by_side[off]),
+                             _n(by_side[on]), f"{by_side[on] / by_side[off]:.2f}×"])  # fmt: skip
         out += ["CPU per dispatch over the timed batches (µs):", ""]
         out += _table(["process, thread", "off", "on", "difference"], rows,
                       ["---", "---:", "---:", "---:"])  # fmt: skip

@@ -10,6 +10,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 
 def _value(v: Any) -> Any:
@@ -71,6 +72,7 @@ class OTLPReceiver:
                     span = {
                         "service": service,
                         "name": s.name,
+                        "kind": PbSpan.SpanKind.Name(s.kind).removeprefix("SPAN_KIND_"),
                         "trace_id": s.trace_id.hex(),
                         "span_id": s.span_id.hex(),
                         "parent_id": s.parent_span_id.hex(),

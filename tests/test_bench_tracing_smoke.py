@@ -25,21 +25,24 @@ def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     report = json.loads(out.read_text(encoding="utf-8"))
     assert report["quick"] is True
     plan = tracing_cost.QUICK
-    for side in ("off", "on", "floor-off", "floor-on"):
+    for side in ("off", "on", "on-sdk", "floor-off", "floor-on"):
         assert report[side]["samples"] == plan.samples
         assert 0 < report[side]["p50_us"] <= report[side]["p99_us"]
-    for ratio in ("ratio_p50", "ratio_p99", "floor_ratio_p50", "floor_ratio_p99"):
+    for ratio in ("ratio_p50", "ratio_p99", "sdk_ratio_p50", "sdk_ratio_p99", "floor_ratio_p50",
+                  "floor_ratio_p99"):  # fmt: skip
         assert report[ratio] > 0
-    # every span the traced processes made reached the receiver, HookBus's and the floor's
-    # (stock SDK): 2 per dispatch in the agent (tool, dispatch), 1 in the hook's process
+    # every span the traced processes made reached the receiver, HookBus's (its own export and
+    # the SDK's) and the floor's (stock SDK): 2 per dispatch in the agent (execute_tool,
+    # dispatch), 1 in the hook's process
     dispatched = plan.warmup + plan.samples
     assert report["spans"]["expected"] == {
-        "hookbus-bench-agent": 2 * dispatched,
-        "hookbus-worker": dispatched,
+        "bench-on": 3 * dispatched,
+        "bench-on-sdk": 3 * dispatched,
         "floor-agent": 2 * dispatched,
         "floor-worker": dispatched,
     }
     assert report["spans"]["received"] == report["spans"]["expected"]
     for process in ("agent-on:main", "agent-floor-on:main", "worker-floor-on:main"):
         assert report["cpu_us_per_dispatch"][process] > 0
+    assert set(report["cpu_us_per_dispatch_by_side"]) == {side for side, _, _ in tracing_cost.SIDES}
     assert isinstance(report["target"]["met"], bool)

@@ -3,7 +3,9 @@ OTLP/HTTP to a real receiver that decodes the protobuf payloads."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +21,33 @@ from tests.otlp_receiver import OTLPReceiver
 from tests.remote_hooks import HookConfig
 
 PRE = HookEvent.PRE_TOOL_USE.value
+
+
+def span_table() -> dict[tuple[str, str], set[str]]:
+    """docs/protocol.md's table of spans: (a pattern of the name, the kind) → the attribute
+    names its row lists (every lowercase name in backticks)."""
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    rows = text[text.index("| span | kind | recorded by | attributes |") :].splitlines()[2:]
+    table: dict[tuple[str, str], set[str]] = {}
+    for row in itertools.takewhile(lambda line: line.startswith("|"), rows):
+        name, kind, _, attributes = (cell.strip() for cell in row.strip("|").split(" | "))
+        pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(name.strip("`")))
+        listed = set(re.findall(r"`([a-z_][a-z_.]*)`", attributes))
+        table.setdefault((pattern, kind), set()).update(listed)
+    return table
+
+
+def check_span_table(spans: list[dict[str, Any]]) -> None:
+    """Each span has a row of docs/protocol.md's table for its name and kind, which lists each
+    of its attributes."""
+    table = span_table()
+    assert len(table) >= 7, table
+    for s in spans:
+        listed = [keys for (pattern, kind), keys in table.items()
+                  if kind == s["kind"] and re.fullmatch(pattern, s["name"])]  # fmt: skip
+        assert listed, f"{s['name']} ({s['kind']}) has no row in docs/protocol.md's span table"
+        unlisted = set(s["attributes"]) - set().union(*listed)
+        assert not unlisted, f"{s['name']} ({s['kind']}): {unlisted} not in the span table"
 
 
 def otel_env(receiver: OTLPReceiver, service: str) -> dict[str, str]:
@@ -53,6 +82,7 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
         await wait_for(lambda: any(s["name"] == "hook Guard" and s["service"] != "hookbus-agent"
                                    for s in receiver.spans), what="the worker's span")  # fmt: skip
         spans = list(receiver.spans)
+    check_span_table(spans)
 
     by_id = {s["span_id"]: s for s in spans}
     [turn] = [s for s in spans if s["name"] == "turn"]
@@ -70,14 +100,38 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
     [guard_span] = [s for s in spans if s["name"] == "hook Guard" and s["service"] ==
                     "hookbus-worker-Guard"]  # fmt: skip
     assert guard_span["trace_id"] == trace_id
-    assert chain(guard_span) == ["hook Guard", "dispatch PreToolUse", "tool file_read",
+    assert chain(guard_span) == ["hook Guard", "dispatch PreToolUse", "execute_tool file_read",
                                  "step 1", "turn"]  # fmt: skip
     attrs = guard_span["attributes"]
     assert attrs["hook.name"] == "Guard" and attrs["hook.event"] == "PreToolUse"
-    assert attrs["tool.name"] == "file_read" and attrs["session.id"] == "traced-session"
+    assert attrs["gen_ai.tool.name"] == "file_read" and attrs["session.id"] == "traced-session"
     assert attrs["hook.action"] == "Block" and attrs["hook.failure_policy"] == "ignore"
     assert attrs["hook.replica"] and attrs["hook.timed_out"] is False
+    # the time the coordinator gave it: the client's default (5 s), on Redis's clock
+    assert 4000 <= attrs["hook.timeout_ms"] <= 6000
     assert "Block" in guard_span["events"]
+
+    # Jaeger's service graph pairs a CLIENT span with its SERVER children in other services
+    dispatch = by_id[guard_span["parent_id"]]
+    assert (dispatch["kind"], guard_span["kind"]) == ("CLIENT", "SERVER")
+    assert dispatch["attributes"]["hookbus.decision"] == "Block"  # the combined decision
+    assert dispatch["attributes"]["gen_ai.tool.name"] == "file_read"
+    [call] = [by_id[dispatch["parent_id"]]]
+    assert call["attributes"]["gen_ai.operation.name"] == "execute_tool"
+    assert call["attributes"]["gen_ai.tool.name"] == "file_read"
+    assert call["attributes"]["gen_ai.tool.call.id"]
+    decisions = [s["attributes"]["hookbus.decision"] for s in spans
+                 if s["name"] == "dispatch PreToolUse"]  # fmt: skip
+    assert sorted(decisions) == ["Block", "Continue"]  # .env blocked; a.txt: Slow skipped
+
+    # the hook the agent runs in its own process: a span like the others, under the dispatch
+    in_process = [s for s in spans if s["name"] == "hook InProcess"]
+    assert len(in_process) == 2
+    for s in in_process:
+        assert s["service"] == "hookbus-agent" and s["kind"] == "INTERNAL"
+        assert by_id[s["parent_id"]]["name"] == "dispatch PreToolUse"
+        assert s["attributes"]["hook.action"] == "none"
+        assert s["attributes"]["hook.timeout_ms"] == 5000
     # every span of the turn is in that one trace
     agent_spans = [s for s in spans if s["service"] == "hookbus-agent"]
     assert {s["trace_id"] for s in agent_spans} == {trace_id}
@@ -86,6 +140,11 @@ async def test_one_turn_is_one_trace_with_hook_spans_from_the_workers(
     timed_out = [s for s in spans if s["name"] == "hook Slow" and s["attributes"].get(
         "hook.timed_out") is True]  # fmt: skip
     assert timed_out and all(s["status"] == 2 for s in timed_out)
+    seen_by_agent = [s for s in timed_out if s["service"] == "hookbus-agent"]
+    assert seen_by_agent and all(s["kind"] == "INTERNAL" for s in seen_by_agent)
+    # its own timeout, in the agent and in its worker alike
+    assert {s["attributes"]["hook.timeout_ms"] for s in timed_out} == {300}
+    assert any(s["service"] == "hookbus-worker-Slow" for s in timed_out)
     assert any(chain(s)[1] == "dispatch PreToolUse" for s in timed_out)
 
     # the fail-open skip is counted in the agent's metrics
@@ -158,6 +217,7 @@ async def test_batch_hooks_record_a_span_per_batch_linked_to_each_publisher(
         await wait_for(linked, 60, "batch spans linked to every publisher")
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
+    check_span_table(list(receiver.spans))
     spans = batches()
     events = [s for s in spans if s["attributes"]["hook.method"] == "on_batch"]
     audits = [s for s in spans if s["attributes"]["hook.method"] == "on_audit"]
@@ -245,6 +305,7 @@ async def test_a_secret_the_hooks_redacted_never_reaches_the_exporter(capture: b
         await wait_for(lambda: names <= {s["name"] for s in receiver.spans}, what="the spans")
         spans = list(receiver.spans)
         sent = b"".join(receiver.bodies)
+    check_span_table(spans)
 
     assert SECRET.encode() not in sent
     assert SECRET not in json.dumps(spans)
@@ -261,3 +322,123 @@ async def test_a_secret_the_hooks_redacted_never_reaches_the_exporter(capture: b
         assert post["gen_ai.tool.call.result"] == REDACTED_OUTPUT
     else:
         assert "gen_ai.tool.call.arguments" not in pre and "gen_ai.tool.call.result" not in post
+
+
+# -- issue 35, item 9: the gateway continues the caller's trace ---------------------------------
+
+
+async def test_the_gateway_continues_a_traceparent_header_and_names_the_tenant(
+    bus_settings: BusSettings, procs: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision posted with a W3C ``traceparent`` header (as an HTTP client's OpenTelemetry
+    instrumentation sends it): the gateway's request span is its child, in its trace, the
+    dispatch span the request's, and the hook service's span the dispatch's. Before, the header
+    was ignored: a new trace."""
+    from tests.test_gateway import live, start_gateway
+
+    caller_trace, caller_span = "ab" * 16, "cd" * 8
+    with OTLPReceiver() as receiver:
+        for key, value in otel_env(receiver, "hookbus-gateway").items():
+            monkeypatch.setenv(key, value)
+        guard = procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard",
+                             OTEL_SERVICE_NAME="hookbus-secret-guard")  # fmt: skip
+        live(bus_settings, "SecretGuard")
+        gateway = start_gateway(procs, bus_settings, tmp_path, tenant="acme")
+        body = {"event": PRE, "context": {"session_id": "s1", "tool_name": "file_read",
+                                          "tool_args": {"path": ".env"}}}  # fmt: skip
+        status, reply, _ = gateway.post(
+            "/v1/decisions", body, traceparent=traceparent(caller_trace, caller_span)
+        )
+        assert status == 200 and reply["result"]["action"]["type"] == "Block", reply
+        dispatch, spans = await dispatch_continues(
+            receiver, (gateway.proc, guard), "hookbus-gateway", caller_trace
+        )
+    [served] = [s for s in spans if s["name"] == "POST /v1/decisions"]
+    assert dispatch["parent_id"] == served["span_id"]
+    # the request's SERVER span (as OpenTelemetry's ASGI instrumentation makes) is the caller's
+    # span's child, and the dispatch's parent
+    assert served["kind"] == "SERVER" and served["service"] == "hookbus-gateway"
+    assert (served["trace_id"], served["parent_id"]) == (caller_trace, caller_span)
+    assert served["attributes"] == {"http.request.method": "POST", "http.route": "/v1/decisions",
+                                    "http.response.status_code": 200}  # fmt: skip
+    assert dispatch["attributes"]["hookbus.tenant"] == "acme"
+
+
+async def dispatch_continues(
+    receiver: OTLPReceiver, procs: Any, service: str, caller_trace: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Stop ``procs`` (a clean stop flushes their spans); then ``service``'s dispatch span
+    (CLIENT, the guard's Block as its decision) is in the caller's trace, and SecretGuard's
+    span (SERVER) is its child. Returns the dispatch span and every span received."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    await wait_for(lambda: {"dispatch PreToolUse", "hook SecretGuard"}
+                   <= {s["name"] for s in receiver.spans}, what="the spans")  # fmt: skip
+    spans = list(receiver.spans)
+    check_span_table(spans)
+    [dispatch] = [s for s in spans if s["name"] == "dispatch PreToolUse"]
+    assert dispatch["service"] == service and dispatch["kind"] == "CLIENT"
+    assert dispatch["trace_id"] == caller_trace
+    assert dispatch["attributes"]["hookbus.decision"] == "Block"
+    [hook] = [s for s in spans if s["name"] == "hook SecretGuard"]
+    assert hook["service"] == "hookbus-secret-guard" and hook["kind"] == "SERVER"
+    assert (hook["trace_id"], hook["parent_id"]) == (caller_trace, dispatch["span_id"])
+    return dispatch, spans
+
+
+def test_the_console_shows_every_demo_hook_service_s_spans_under_its_own_name() -> None:
+    """``OTEL_TRACES_EXPORTER=console make demo``: the hook services' spans are printed beside
+    the agent's, each service under its own name, and the hook the agent runs in its process
+    (MetricsHook) has spans too. Before, the services' output was discarded, all of them were
+    ``hookbus-worker``, and a HookClient's in-process hooks had no span."""
+    import re
+
+    from agent_adapter.demo import HOOK_SERVICES
+
+    result = hookbus_run(["demo"], {"OTEL_TRACES_EXPORTER": "console",
+                                    "OTEL_METRICS_EXPORTER": "none"}, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "distributed" in result.stdout or "hook services" in result.stdout, result.stdout[:500]
+    services = set(re.findall(r'"service\.name": "([^"]+)"', result.stdout))
+    expected = {f"hookbus-{target[0].rpartition(':')[2]}" for target in HOOK_SERVICES}
+    assert {*expected, "hookbus-agent"} <= services, services
+    assert '"name": "hook MetricsHook"' in result.stdout
+    assert '"kind": "SpanKind.SERVER"' in result.stdout
+
+
+async def test_the_coordinator_service_records_its_dispatch_span_under_the_request_s_trace(
+    bus_settings: BusSettings, procs: Processes
+) -> None:
+    """``hookbus coordinator``: its dispatch span (CLIENT) continues the ``DecisionRequest``'s
+    ``traceparent``, and the hook service's span hangs under it. Before, the service built its
+    coordinator before telemetry was configured: no dispatch span, the hook's span straight
+    under the agent's."""
+    from redis import Redis
+
+    from bus.events import PreToolUseContext
+    from bus.protocol import DecisionRequest, encode, new_id, now_ms, raw
+    from bus.transport.keys import Keys
+    from tests.test_gateway import live
+
+    caller_trace, caller_span = "ef" * 16, "12" * 8
+    keys = Keys(bus_settings.prefix)
+    with OTLPReceiver() as receiver:
+        guard = procs.worker(bus_settings, "workers.builtins.demo_hooks:SecretGuard", "guard",
+                             **otel_env(receiver, "hookbus-secret-guard"))  # fmt: skip
+        live(bus_settings, "SecretGuard")
+        env = worker_env(bus_settings, **otel_env(receiver, "hookbus-coordinator"))
+        coordinator = procs.start(["coordinator"], env, "coordinator")
+        ctx = PreToolUseContext(session_id="s1", tool_name="file_read", tool_args={"path": ".env"})
+        inbox = keys.inbox(f"trace-{new_id()[:8]}")
+        request = DecisionRequest(
+            id=new_id(), ts=now_ms(), event=HookEvent.PRE_TOOL_USE, context=raw(ctx),
+            reply_to=inbox, timeout_ms=5000, traceparent=traceparent(caller_trace, caller_span),
+        )  # fmt: skip
+        with Redis.from_url(bus_settings.redis_url) as r:
+            r.xadd(keys.decisions(ctx.session_id), {"data": encode(request)})
+            assert r.blpop([inbox], 4) is not None, "no DecisionReply"
+        dispatch, _ = await dispatch_continues(
+            receiver, (coordinator, guard), "hookbus-coordinator", caller_trace
+        )
+    assert dispatch["parent_id"] == caller_span

@@ -13,13 +13,16 @@ from agent_adapter.client import HookClient
 from agent_adapter.llm import ScriptedLLM, answer, call, tools
 from agent_adapter.runtime import AgentRuntime
 from agent_adapter.tools import sandbox_tools
-from bus import HookSettings
+from bus import HookEvent, HookSettings
 from bus.settings import BusSettings
 from bus.telemetry import tracing as telemetry
+from tests.hooks_for_tests import Recorder
 
 
 async def main(sandbox: Path) -> None:
     client = HookClient(BusSettings.from_env(), HookSettings(hook_timeout_secs=5))
+    # a hook in the agent's process, beside the services: its spans are the agent's
+    client.add(Recorder("InProcess", events=(HookEvent.PRE_TOOL_USE,)))
     await client.start()
     try:
         deadline = asyncio.get_running_loop().time() + 30

@@ -20,9 +20,11 @@ the SDK's ``BatchSpanProcessor``.
 ``shutdown`` flushes what is left within ``FLUSH_SECS``; with the collector down it gives up
 then instead of retrying for the exporters' full timeout.
 
-Spans: the agent's turn → step → tool call → ``dispatch <Event>`` (in the coordinator or
-registry) → ``hook <name>`` (in the worker process that ran it, its parent carried in the
-request's ``traceparent``). Async hook spans link to the span that published the event.
+Spans: the agent's turn → step → ``execute_tool <tool>`` → ``dispatch <Event>`` (CLIENT, in
+the coordinator or registry) → ``hook <name>`` (SERVER, in the worker process that ran it, its
+parent carried in the request's ``traceparent``; INTERNAL for a hook run in the coordinator's
+process). Async hook spans link to the span that published the event. Every span, its kind and
+attributes: docs/protocol.md 6.9, checked by tests/test_tracing.py.
 
 No tool input or output leaves through telemetry by default: span attributes name the event,
 session, tool and hooks; a hook's action is a span event with what the agent sees of it (a
@@ -43,6 +45,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,7 +69,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from bus.aggregation import Outcome, would_do
+from bus.aggregation import Outcome, _all_continue, would_do
 from bus.errors import ConfigError
 from bus.events import HookContext, HookEvent, session_of, tool_of
 from bus.runner import EventRunner
@@ -80,6 +83,10 @@ _state = {"enabled": False, "content": False}
 #: spans are the SDK's (console exporter, OTLP over gRPC).
 _last_export: SpanExport | None = None
 _sdk_spans = False
+#: Whether traces over OTLP/HTTP are HookBus's ``LightSpan``s sent by export.py's thread (True)
+#: or the SDK's spans, batch span processor and OTLP/HTTP exporter, as over gRPC (False): what
+#: ``bench/tracing_cost.py`` compares, in the same run.
+private_export = True
 #: What the exporters may still take at shutdown to send what is left (seconds).
 FLUSH_SECS = 2.0
 #: The SDK's exporters (metrics; spans to the console or over gRPC), shut down past FLUSH_SECS.
@@ -115,6 +122,11 @@ def _exporter(kind: str, env: Mapping[str, str]) -> str:
     return "otlp" if endpoint else "none"
 
 
+def console(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment sends traces to the console (``OTEL_TRACES_EXPORTER=console``)."""
+    return _exporter("TRACES", os.environ if env is None else env) == "console"
+
+
 def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
     """Install the providers the environment asks for; True if anything is exported."""
     from opentelemetry.sdk.metrics import MeterProvider
@@ -148,6 +160,10 @@ def configure(role: str, env: Mapping[str, str] | None = None) -> bool:
             )
 
             span_exporter = GrpcSpanExporter()
+        elif not private_export:  # the SDK's OTLP/HTTP exporter (bench/tracing_cost.py)
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            span_exporter = OTLPSpanExporter()
         else:  # OTLP/HTTP: HookBus's spans and the application's through one export thread
             from bus.telemetry.export import Forward
 
@@ -637,7 +653,11 @@ def instrument(runner: EventRunner) -> EventRunner:
         return runner
     runner._hookbus_traced = True  # type: ignore[attr-defined]
     gather = runner.gather
-    is_local = not hasattr(runner, "directory")
+    # A coordinator runs its remote hooks elsewhere (they record their own spans) and the
+    # hooks given to its add() here; a registry runs every hook here.
+    here: dict[HookEvent, list[Any]] | None = getattr(runner, "_local", None)
+    asker = getattr(runner, "asker", None)  # who the dispatch is for (the gateway's tenant)
+    default_timeout = runner.settings.hook_timeout_secs
 
     async def traced_gather(
         event: HookEvent, ctx: HookContext, *, sequential: bool = False
@@ -646,13 +666,21 @@ def instrument(runner: EventRunner) -> EventRunner:
         name = event._value_  # the member's value without the enum's property (a call)
         attrs = {"hook.event": name, "session.id": session_of(ctx)}
         if tool:
-            attrs["tool.name"] = tool
+            attrs["gen_ai.tool.name"] = tool
+        dispatch_attrs = dict(attrs)
+        if asker is not None and (source := asker()).startswith(TENANT_SOURCE):
+            dispatch_attrs["hookbus.tenant"] = source[len(TENANT_SOURCE) :]
         start = time.time_ns()
-        with span(f"dispatch {name}", dict(attrs)) as dispatch:
+        with span(f"dispatch {name}", dispatch_attrs, kind=SpanKind.CLIENT) as dispatch:
             outcomes = await gather(event, ctx, sequential=sequential)
-            record_outcomes(dispatch, event, attrs, outcomes, start, local=is_local)
-            if _state["content"] and tool:
-                record_content(dispatch, event, ctx, outcomes, runner.settings.truncate_chars)
+            if here is None:
+                local: Any = True
+            else:
+                local = {id(t.spec) for t in here[event]} if here[event] else ()
+            record_outcomes(dispatch, event, attrs, outcomes, start, local=local,
+                            default_timeout=default_timeout)  # fmt: skip
+            if dispatch.is_recording() and event in DECISION_EVENTS:
+                record_result(dispatch, event, ctx, outcomes, runner.settings.truncate_chars)
         _deferred.record(
             _instruments()["dispatch"],
             (time.time_ns() - start) / 1e9,
@@ -668,6 +696,13 @@ def instrument(runner: EventRunner) -> EventRunner:
     return runner
 
 
+#: How a dispatch's source names a tenant (the gateway's and the coordinator service's).
+TENANT_SOURCE = "tenant:"
+#: The events whose hooks' answers combine into one decision (``hookbus.decision``).
+DECISION_EVENTS = frozenset({HookEvent.PRE_TOOL_USE, HookEvent.PERMISSION_REQUEST,
+                             HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE})  # fmt: skip
+
+
 def record_outcomes(
     parent: Span | LightSpan,
     event: HookEvent,
@@ -675,12 +710,14 @@ def record_outcomes(
     outcomes: Sequence[Outcome],
     start_ns: int,
     *,
-    local: bool,
+    local: Any,
+    default_timeout: float,
 ) -> None:
     """Per-hook spans and metrics for one dispatch.
 
-    A hook that ran in this process gets its span here; a remote hook that answered has its
-    own span in its worker, so only its failures (timeout, unreachable) are recorded here.
+    A hook that ran in this process (``local``: True for every hook, else the ids of the specs
+    of those that did) gets its span here; a remote hook that answered has its own span in its
+    worker, so only its failures (timeout, unreachable) are recorded here.
     """
     inst = _instruments()
     for o in outcomes:
@@ -705,23 +742,23 @@ def record_outcomes(
                 inst["timeouts"].add(1, {"hook.name": o.spec.name})
         elif action == "Block":
             inst["blocks"].add(1, {"hook.name": o.spec.name})
-        if o.failure is None and not local:
+        if o.failure is None and local is not True and id(o.spec) not in local:
             continue
-        hook_attrs = {
-            **attrs,
-            "hook.mode": o.spec.mode,
-            "hook.name": o.spec.name,
-            "hook.failure_policy": o.spec.failure_policy,
-        }
+        if not parent.is_recording():
+            continue
         name = f"hook {o.spec.name}"
-        kind = SpanKind.INTERNAL if local else SpanKind.CLIENT
-        attributes = {**hook_attrs, "hook.action": action if o.failure is None else o.failure,
+        # INTERNAL: in this process, or a remote hook's failure seen from here. The dispatch
+        # span is the CLIENT a remote hook's SERVER span pairs with.
+        attributes = {**attrs, "hook.mode": o.spec.mode, "hook.name": o.spec.name,
+                      "hook.failure_policy": o.spec.failure_policy,
+                      "hook.timeout_ms": int((o.spec.timeout or default_timeout) * 1000),
+                      "hook.action": action if o.failure is None else o.failure,
                       "hook.timed_out": o.failure == "timeout"}  # fmt: skip
         child: Span | LightSpan
         if isinstance(parent, LightSpan):  # the dispatch span is current: the child's parent
-            child = start_span(name, attributes, kind=kind, start_ns=start_ns)
+            child = start_span(name, attributes, start_ns=start_ns)
         else:
-            child = tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind,
+            child = tracer.start_span(name, context=trace.set_span_in_context(parent),
                                       attributes=attributes, start_time=start_ns)  # fmt: skip
         annotate(child, o.action)
         if o.failure is not None:
@@ -729,34 +766,49 @@ def record_outcomes(
         child.end(start_ns + int(o.elapsed * 1e9))
 
 
-def record_content(
+def record_result(
     span: Span | LightSpan,
     event: HookEvent,
     ctx: HookContext,
     outcomes: Sequence[Outcome],
     truncate_chars: int,
 ) -> None:
-    """With the opt-in (``CAPTURE_CONTENT``): the tool call's final input or output on its
-    dispatch span, aggregated from ``outcomes`` as the runner aggregates them — every rewrite
-    applied, as the agent gets it, never the input or output as it came. A blocked call's
-    input is not recorded: the tool never ran with it."""
+    """The dispatch's combined decision (``hookbus.decision``: the aggregated action, as the
+    runner aggregates ``outcomes``) and, with the opt-in (``CAPTURE_CONTENT``), the tool
+    call's final input or output — every rewrite applied, as the agent gets it, never the
+    input or output as it came. A blocked call's input is not recorded: the tool never ran
+    with it."""
+    if not _state["content"] and _all_continue(outcomes):  # the common case: nothing to combine
+        span.set_attribute("hookbus.decision", "Continue")
+        return
     import datetime as dt
     import json
 
     from bus.actions import Block
-    from bus.aggregation import aggregate_post_tool_use, aggregate_pre_tool_use
+    from bus.aggregation import (
+        aggregate_permission_request,
+        aggregate_post_tool_use,
+        aggregate_pre_tool_use,
+    )
 
     now = dt.datetime.now(dt.UTC)
     if event is HookEvent.PRE_TOOL_USE:
         pre = aggregate_pre_tool_use(getattr(ctx, "tool_args", {}), outcomes, now)
-        if not isinstance(pre.action, Block):
+        span.set_attribute("hookbus.decision", action_tag(pre.action))
+        if _state["content"] and not isinstance(pre.action, Block):
             text = json.dumps(pre.final_args, ensure_ascii=False, default=str)
             span.set_attribute("gen_ai.tool.call.arguments", text[:CONTENT_CHARS])
-    elif event in (HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE):
+    elif event is HookEvent.PERMISSION_REQUEST:
+        decided = aggregate_permission_request(outcomes, now).action
+        span.set_attribute("hookbus.decision", action_tag(decided))
+    else:
         field = "output_content" if event is HookEvent.POST_TOOL_USE else "error_message"
         content = str(getattr(ctx, field, ""))
         post = aggregate_post_tool_use(event, content, outcomes, now, truncate_chars)
-        span.set_attribute("gen_ai.tool.call.result", post.final_content[:CONTENT_CHARS])
+        rewritten = post.final_content != content
+        span.set_attribute("hookbus.decision", "MutateOutput" if rewritten else "Continue")
+        if _state["content"]:
+            span.set_attribute("gen_ai.tool.call.result", post.final_content[:CONTENT_CHARS])
 
 
 def action_tag(action: Any) -> str:
@@ -807,23 +859,20 @@ def _w3c(trace_id: int, span_id: int, flags: int, state: TraceState | None) -> t
 MAX_TRACESTATE = 512
 
 
+#: A W3C ``traceparent``: version, trace id, span id, flags, lowercase hex (what a later version
+#: adds after them kept apart: version 00 has none).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.S)
+
+
 def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
     """The remote span context of a W3C ``traceparent`` (None if it is not a valid one)."""
-    parts = traceparent.split("-")
-    if len(parts) < 4 or not traceparent.isascii() or traceparent != traceparent.lower():
+    match = _TRACEPARENT.fullmatch(traceparent)
+    if match is None:
         return None
-    version, trace_hex, span_hex, flags = parts[:4]
-    if len(version) != 2 or version == "ff" or (version == "00" and len(parts) != 4):
+    version, trace_hex, span_hex, flags, more = match.groups()
+    if version == "ff" or (version == "00" and more is not None):
         return None
-    if len(trace_hex) != 32 or len(span_hex) != 16 or len(flags) != 2:
-        return None
-    if not (trace_hex + span_hex + flags + version).isalnum():  # no sign, space or underscore
-        return None
-    try:  # int() then rejects any letter past f
-        trace_id, span_id, bits = int(trace_hex, 16), int(span_hex, 16), int(flags, 16)
-        int(version, 16)
-    except ValueError:
-        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
     if not trace_id or not span_id:
         return None
     # A longer tracestate is dropped, as W3C Trace Context lets a vendor do past 512 characters:
@@ -831,7 +880,7 @@ def _span_context(traceparent: str, tracestate: str) -> SpanContext | None:
     # twice as long), and a sender's 16 kB one would push a hook's request over
     # MAX_MESSAGE_BYTES, failing every hook under its own policy.
     state = TraceState.from_header([tracestate]) if 0 < len(tracestate) <= MAX_TRACESTATE else None
-    return SpanContext(trace_id, span_id, True, TraceFlags(bits), state)
+    return SpanContext(trace_id, span_id, True, TraceFlags(int(flags, 16)), state)
 
 
 def context_from(traceparent: str, tracestate: str = "") -> Context:

@@ -203,7 +203,6 @@ class Coordinator(EventRunner):
         self.partitions_mismatch = ""
         #: Why the hook directory has not been read yet (bus/unread.py), while it has not.
         self.unread_why = "the coordinator has not started"
-        telemetry.instrument(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -212,6 +211,7 @@ class Coordinator(EventRunner):
 
         If Redis does not answer, the refresher keeps trying; until the directory has been
         read, tool calls fail closed (bus/unread.py) unless the operator opted out."""
+        telemetry.instrument(self)  # here: a service configures telemetry after building it
         if self.bus.fail_open_until_directory:
             log.warning(
                 "HOOKBUS_FAIL_OPEN_UNTIL_DIRECTORY is set: until the hook directory is read, "
@@ -414,6 +414,12 @@ class Coordinator(EventRunner):
                 _failures.warning("audit record of %s not written: %s", answer.hook_name, exc)
                 continue
             self._enqueue(self.keys.audit, payload, hard_cap(self.bus.audit_maxlen), None)
+
+    def asker(self) -> str:
+        """Who the dispatch under way is for: ``tenant:NAME`` when the gateway or the coordinator
+        service dispatches for a tenant, else this coordinator's ``source`` (its span's
+        ``hookbus.tenant``)."""
+        return dispatch_source.get() or self.source
 
     def refused(self, event: HookEvent, ctx: HookContext, error: LimitError) -> None:
         """Counted and logged (``EventRunner``), and recorded in the dead-letter stream: the

@@ -534,7 +534,7 @@ class AsyncHookWorker:
             "hook.event": delivered.event.value,
             "session.id": session_of(delivered.context),
             "hook.replica": self.replica,
-            **({"tool.name": tool} if tool else {}),
+            **({"gen_ai.tool.name": tool} if tool else {}),
         }
         parent = self._trace.get(delivered.id, ("", ""))
         with telemetry.hook_span(f"hook {self.group}", attrs, *parent, link_only=True) as span:

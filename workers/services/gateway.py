@@ -37,7 +37,8 @@ scopes its sessions: a request's session id ``S`` is dispatched as ``<tenant>/S`
 (``qualify()``, as by the coordinator service), so a token reaches only its own tenant's
 sessions. Dispatches
 run on a ``Coordinator`` in this process, with the same ``decide()`` as the coordinator service,
-so HTTP and Redis agents get the same semantics.
+so HTTP and Redis agents get the same semantics. A POST's W3C ``traceparent`` header continues
+the caller's trace through the dispatch (docs/protocol.md 6.9).
 
 Starlette and uvicorn are the ``gateway`` extra (``pip install 'hookbus[gateway]'``): they are
 imported when the gateway serves, so that the rest of the ``hookbus`` command works without them.
@@ -57,7 +58,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -609,12 +610,37 @@ async def _read(request: Request, limit: int) -> tuple[bytes, bool]:
 def app(gateway: Gateway) -> Starlette:
     """The gateway's ASGI application; its lifespan starts and closes the coordinator."""
 
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
     from starlette.applications import Starlette
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from bus.telemetry import tracing as telemetry
+
     def respond(answer: Answer) -> Response:
         return Response(answer.body, answer.status, answer.headers, media_type=JSON)
+
+    @contextlib.contextmanager
+    def served(request: Request, route: str) -> Iterator[Any]:
+        """The request's span (kind SERVER, as OpenTelemetry's ASGI instrumentation makes),
+        in the caller's trace when its W3C ``traceparent`` header names one (read by
+        OpenTelemetry's propagators, ``OTEL_PROPAGATORS``); the dispatch's span is its child.
+        A ``DecisionRequest``'s own ``traceparent`` field, when set, still comes first."""
+        if not telemetry.enabled():
+            yield None
+            return
+        caller = propagate.extract(request.headers) if "traceparent" in request.headers else None
+        attributes = {"http.request.method": "POST", "http.route": route}
+        with telemetry.span(
+            f"POST {route}", attributes, kind=SpanKind.SERVER, context=caller
+        ) as span:
+            yield span
+
+    def answered(span: Any, answer: Answer) -> Response:
+        if span is not None:
+            span.set_attribute("http.response.status_code", answer.status)
+        return respond(answer)
 
     async def decisions(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
@@ -623,14 +649,16 @@ def app(gateway: Gateway) -> Starlette:
         body, whole = await _read(request, gateway.max_body)
         if not whole:
             return respond(gateway.error_reply(413, gateway.too_large("the request")))
-        return respond(await gateway.decisions(tenant, body))
+        with served(request, "/v1/decisions") as span:
+            return answered(span, await gateway.decisions(tenant, body))
 
     async def claude_code(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))
         body, whole = await _read(request, gateway.max_body)
         if tenant is None:
             return respond(gateway.unauthorized_claude_code(body, why))
-        return respond(await gateway.claude_code(tenant, body, whole=whole))
+        with served(request, "/claude-code") as span:
+            return answered(span, await gateway.claude_code(tenant, body, whole=whole))
 
     async def cancel(request: Request) -> Response:
         tenant, why = gateway.authorize(request.headers.get("authorization"))

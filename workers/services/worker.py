@@ -624,7 +624,11 @@ class HookWorker:
             "session.id": request.session_id,
             "hook.failure_policy": self.spec.failure_policy,
             "hook.replica": self.replica,
-            **({"tool.name": tool} if tool else {}),
+            # its own timeout, else the time its coordinator gave it (that one's default)
+            "hook.timeout_ms": int(self.spec.timeout * 1000)
+            if self.spec.timeout
+            else request.deadline - request.ts,
+            **({"gen_ai.tool.name": tool} if tool else {}),
         }
         name = f"hook {self.spec.name}"
         with telemetry.hook_span(name, attrs, request.traceparent, request.tracestate) as span:
