@@ -3,13 +3,21 @@
 ``hookbus worker MODULE:AsyncHookClass`` joins the group named after the hook on ``{p}:events``
 (and on its own replay stream, ``{p}:hook:{name}:replay``); its replicas share the group.
 
+* Partitions shared: each replica reads its share of the events partitions (:func:`share`),
+  computed from the replicas alive in the hook's ``{p}:hook:{name}:replicas`` set, re-read with
+  each heartbeat: a replica that comes or goes changes every share within a heartbeat, a dead
+  one's within ``liveness_secs`` (its pending entries are claimed by the partition's new
+  reader). Each stream read has a lane (a task): it reads while entries come, and when none
+  does, waits in one ``XREAD BLOCK`` (``BLOCK_MS``), so an idle replica sends a few commands a
+  second, not a read of every partition every few milliseconds.
 * Batches: XREADGROUP COUNT ``batch_size``; each event runs under the async timeout (5 s);
   every entry handled in a batch is acknowledged in one XACK. A batch hook (``on_batch``,
   ``on_audit``) gets the whole batch in one call; if that call fails, the batch is halved until
   the entries it fails on are alone, so one poison entry holds back no other.
 * At least once: an entry is acknowledged only after the hook returned. One that failed stays
-  pending; once idle past ``claim_idle_secs`` any live replica claims it (XAUTOCLAIM) and runs
-  it again, so a replica killed mid-batch loses nothing.
+  pending; once idle past ``claim_idle_secs`` the replica reading its stream claims it
+  (XAUTOCLAIM, once per ``claim_idle_secs``) and runs it again, so a replica killed mid-batch
+  loses nothing.
 * Once without faults: while the hook runs (within its timeout), the keep-alive keeps the
   replica's in-flight entries its own (XCLAIM … JUSTID resets their idle time, as the sync
   worker does), so a hook slower than ``claim_idle_secs`` is not run again by another replica.
