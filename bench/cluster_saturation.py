@@ -57,6 +57,7 @@ PAYLOAD_BYTES = 300  # about an encoded event of bench.cluster's (its event_byte
 CAP = 100_000  # MAXLEN ~ of each stream (the publishers' hard cap is larger; same cost)
 STREAMS = 1000  # distinct stream keys per master (redis-benchmark -r)
 TARGET_RATIO = 2.5  # the 3-master figure over one node's, on a machine with the cores
+SATURATED = 0.8  # a master this busy (CPU seconds per second) counts as saturated
 MISSING_BENCHMARK = "no redis-benchmark binary found on PATH (Debian: apt install redis-tools)"
 
 
@@ -187,7 +188,10 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 def verdict(rows: dict[str, dict[str, Any]], available: int) -> dict[str, Any]:
     """What the cluster's figure shows on this machine, and what it would take to show 2.5×."""
-    out: dict[str, Any] = {"cores_available": available}
+    out: dict[str, Any] = {
+        "cores_available": available,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
     cluster = rows.get("cluster")
     if cluster is None:
         return out
@@ -208,8 +212,11 @@ def verdict(rows: dict[str, dict[str, Any]], available: int) -> dict[str, Any]:
     node = rows.get("node")
     if node is not None:
         (one,) = node["saturation_per_sec_per_master"]
+        (busy,) = node["busy_per_master"]
         out |= {
             "node_saturation_per_sec": one,
+            "node_busy": busy,
+            "node_saturated": busy >= SATURATED,
             "measured_ratio": round(cluster["per_sec"] / node["per_sec"], 3),
             "ceiling_ratio": round(ceiling / one, 3) if one else None,
             "target_ratio": TARGET_RATIO,
@@ -269,6 +276,13 @@ def render(report: dict[str, Any]) -> str:
             f"cluster / node: {v['measured_ratio']:.2f}x measured; its masters' ceiling "
             f"{v['cluster_ceiling_per_sec']:,}/s = {v['ceiling_ratio']:.2f}x one node's "
             f"saturation rate"
+        )
+    if "node_saturated" in v and not v["node_saturated"]:
+        lines.append(
+            f"one node was busy {v['node_busy']:.2f} of a core, not saturated: this machine's "
+            f"cores were taken by other processes (load average {v['load_average'][0]:.1f} on "
+            f"{v['cores_available']} cores); the saturation rates (commands per CPU-second of "
+            "each master) stand, the rates per second are not ceilings"
         )
     if "cores_needed" in v:
         if v["enough_cores"]:

@@ -51,4 +51,5 @@ def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert verdict["cores_needed"] > verdict["masters"] == 3
     assert verdict["enough_cores"] == (verdict["cores_available"] >= verdict["cores_needed"])
     assert verdict["measured_ratio"] > 0 and verdict["ceiling_ratio"] > 0
-    assert verdict["node_saturation_per_sec"] > 0
+    assert verdict["node_saturation_per_sec"] > 0 and verdict["node_busy"] > 0
+    assert verdict["node_saturated"] == (verdict["node_busy"] >= cluster_saturation.SATURATED)
