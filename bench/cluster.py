@@ -64,7 +64,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis as redis_py
 from redis.asyncio import Redis
@@ -672,22 +672,23 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> float:
     return _median([x["per_sec"] / y["per_sec"] for x, y in zip(a, b, strict=True)])
 
 
+def median_shares(trials: list[dict[str, Any]], field: str) -> list[float]:
+    """Each master's share of ``field`` (its value over the masters' sum), median over trials."""
+    return [
+        _median([shares([m[field] for m in t["masters"]])[k] for t in trials])
+        for k in range(len(trials[0]["masters"]))
+    ]
+
+
 def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
     roles = trials[0]["cpu_us"].keys()
-    masters = len(trials[0]["masters"])
     return {
         "per_sec": _median([t["per_sec"] for t in trials]),
         "best_per_sec": max(t["per_sec"] for t in trials),
         "cpu_us": {r: _median([t["cpu_us"][r] for t in trials]) for r in roles},
         "commands_per_op": _median([t["commands_per_op"] for t in trials]),
-        "calls_share": [
-            _median([shares([m["calls"] for m in t["masters"]])[k] for t in trials])
-            for k in range(masters)
-        ],
-        "cpu_share": [
-            _median([shares([m["cpu_s"] for m in t["masters"]])[k] for t in trials])
-            for k in range(masters)
-        ],
+        "calls_share": median_shares(trials, "calls"),
+        "cpu_share": median_shares(trials, "cpu_s"),
         "keys": trials[-1]["keys"],
         **(
             {"connections_per_process": trials[-1]["connections_per_process"]}
@@ -832,6 +833,19 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+P = TypeVar("P")
+
+
+def chosen_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, quick: P, full: P) -> P:
+    """The plan ``--quick`` and ``--rounds`` ask for."""
+    plan = quick if args.quick else full
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        plan = dataclasses.replace(plan, rounds=args.rounds)  # type: ignore[type-var]
+    return plan
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few calls, one round (smoke test)")
@@ -846,11 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         "--workload", choices=["decisions", "events"], help="one workload (default: both)"
     )
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    if args.rounds is not None:
-        if args.rounds < 1:
-            parser.error("--rounds must be at least 1")
-        plan = dataclasses.replace(plan, rounds=args.rounds)
+    plan = chosen_plan(parser, args, QUICK, FULL)
     previous = signal.signal(signal.SIGTERM, terminated)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:

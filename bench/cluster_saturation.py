@@ -29,12 +29,10 @@ Usage: ``python -m bench.cluster_saturation [--quick]``; results in
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +43,15 @@ from typing import Any
 
 import redis as redis_py
 
-from bench.cluster import Target, cluster_target, node_target, server_version
+from bench.cluster import (
+    Target,
+    _median,
+    chosen_plan,
+    cluster_target,
+    median_shares,
+    node_target,
+    server_version,
+)
 from bench.common import cpu_seconds, header, progress, terminated, write_results
 from bench.sync_dispatch import _dying_with_us
 from bus.errors import ConfigError
@@ -151,15 +157,6 @@ def _xadds(client: redis_py.Redis) -> int:
     return int(stats.get("cmdstat_xadd", {}).get("calls", 0))
 
 
-def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 3)
-
-
-def shares(values: list[float]) -> list[float]:
-    total = sum(values)
-    return [round(v / total, 3) if total else 0.0 for v in values]
-
-
 def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
     masters = len(trials[0]["masters"])
     saturation = [
@@ -172,14 +169,8 @@ def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
         "busy_per_master": [
             _median([t["masters"][k]["busy"] for t in trials]) for k in range(masters)
         ],
-        "cpu_share": [
-            _median([shares([m["cpu_s"] for m in t["masters"]])[k] for t in trials])
-            for k in range(masters)
-        ],
-        "commands_share": [
-            _median([shares([m["commands"] for m in t["masters"]])[k] for t in trials])
-            for k in range(masters)
-        ],
+        "cpu_share": median_shares(trials, "cpu_s"),
+        "commands_share": median_shares(trials, "commands"),
         "replicas_cpu_us_per_command": _median([t["replicas_cpu_us_per_command"] for t in trials]),
         "load_cpu_us_per_command": _median([t["load_cpu_us_per_command"] for t in trials]),
         "trials": trials,
@@ -307,11 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help=f"rounds (default {FULL.rounds}; quick: 1)")
     parser.add_argument("--only", choices=["node", "cluster"], help="one target")
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    if args.rounds is not None:
-        if args.rounds < 1:
-            parser.error("--rounds must be at least 1")
-        plan = dataclasses.replace(plan, rounds=args.rounds)
+    plan = chosen_plan(parser, args, QUICK, FULL)
     binary = shutil.which("redis-benchmark")
     if binary is None:
         raise ConfigError(MISSING_BENCHMARK)

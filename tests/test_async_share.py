@@ -10,7 +10,8 @@
 * An idle replica sends few commands per wait: the commands of an idle replica of a hook on 6
   partitions, counted with ``INFO commandstats`` on a private redis-server, are at most
   ``IDLE_COMMANDS_PER_WAIT`` per blocking ``XREAD`` (a replica that polled every partition sent
-  13 per ``XREAD``: a check and a read of each partition, then the wait).
+  about 26 per ``XREAD``: the check script, the two ``XINFO`` it runs, and a read, for each
+  partition, then the wait; commandstats counts a script's commands too).
 """
 
 from __future__ import annotations
