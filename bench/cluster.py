@@ -24,7 +24,7 @@ events
     this process XADDs M events of 64 sessions (so every partition gets some) in batches of
     500, with ``bus.transport.redis_io.xadd_batch`` (what a coordinator publishes with) for HookBus
     and a raw pipeline for the floor, while the consumers are stopped (SIGSTOP); then the consumers
-    go on (SIGCONT): 2 async hook groups of 2 replicas each, reading every partition. HookBus:
+    go on (SIGCONT): 2 async hook groups of 2 replicas each, sharing the partitions. HookBus:
     ``hookbus worker bench.cluster:NoopA`` / ``NoopB``. Floor: one task per partition doing
     XREADGROUP BLOCK → decode → XACK. Figures: events/s = M / (consumers resumed → every group
     has delivered and acknowledged everything on every partition, read from XINFO GROUPS), and
@@ -777,6 +777,36 @@ def report(
         },
         "event_bytes_mean": round(event_bytes, 1),
         "results": rows,
+        **async_targets(rows),
+    }
+
+
+#: Issue 33's targets for async hooks on the cluster (same consumers: 2 groups x 2 replicas).
+ASYNC_VS_FLOOR, ASYNC_VS_NODE, IDLE_COMMANDS = 0.9, 1.5, 40.0
+
+
+def async_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """HookBus's async hooks on the cluster against their targets, where the run has them."""
+    by = {(r["target"], r["workload"], r["impl"]): r for r in rows}
+    row = by.get(("cluster", "events", "hookbus"))
+    if row is None:
+        return {}
+    figures = {
+        "vs_floor": (row["ratio_to_floor"], ASYNC_VS_FLOOR),
+        "vs_node": (row.get("ratio_to_node"), ASYNC_VS_NODE),
+        "idle_commands_per_sec": (row["idle_commands_per_sec_per_replica"], IDLE_COMMANDS),
+    }
+    return {
+        "async_cluster_targets": {
+            name: {
+                "value": value,
+                "target": target,
+                "holds": None
+                if value is None
+                else (value <= target if name == "idle_commands_per_sec" else value >= target),
+            }
+            for name, (value, target) in figures.items()
+        }
     }
 
 
@@ -814,6 +844,14 @@ def render(report: dict[str, Any]) -> str:
             f"{'/'.join(f'{s:.2f}' for s in r['calls_share'])}"
         )
     lines.append("")
+    for name, t in report.get("async_cluster_targets", {}).items():
+        if t["value"] is not None:
+            bound = "<=" if name == "idle_commands_per_sec" else ">="
+            verdict = "HOLDS" if t["holds"] else "misses"
+            lines.append(
+                f"async hooks on the cluster, {name}: {t['value']:g} (target {bound} "
+                f"{t['target']:g}) -> {verdict}"
+            )
     for r in report["results"]:
         if r["impl"] == "durable":
             lines.append(
