@@ -114,13 +114,14 @@ def handled_by(records: list[Path]) -> dict[str, list[int]]:
 async def test_replicas_share_the_partitions_and_take_over_a_killed_ones(
     cluster_settings: BusSettings, procs: Processes, tmp_path: Path
 ) -> None:
-    settings = msgspec.structs.replace(cluster_settings, partitions=PARTITIONS)
+    # Liveness of 3 s (the default): a heartbeat late on a loaded machine does not change shares.
+    settings = msgspec.structs.replace(cluster_settings, partitions=PARTITIONS, liveness_secs=3.0)
     keys = Keys.of(settings)
     records = [tmp_path / f"ledger-{n}.txt" for n in range(3)]
     for record in records:
         record.touch()
     # slow enough that a batch is in hand when the replica is killed
-    workers = [ledger(procs, settings, record, delay=0.5) for record in records]
+    workers = [ledger(procs, settings, record, delay=2.0) for record in records]
     logs = [procs.logdir / f"ledger-{n}.log" for n in range(3)]
 
     def settled(alive: list[int]) -> bool:
