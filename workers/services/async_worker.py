@@ -289,6 +289,8 @@ class AsyncHookWorker:
                 for stream in self._reading:
                     if stream not in lanes:
                         lanes[stream] = asyncio.create_task(self._lane(stream, stop))
+                        # a lane that ended while its stream is still read is started again
+                        lanes[stream].add_done_callback(lambda _: self._reassigned.set())
                 for stream in set(lanes) - set(self._reading):
                     self._wake[stream].set()  # it leaves after the batch in hand
                 waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._reassigned)]
@@ -314,6 +316,9 @@ class AsyncHookWorker:
                 else:
                     try:
                         entries = await self._read_new(stream)
+                        if not entries:
+                            await self._wait(stream, wake)
+                            continue
                     except ResponseError as exc:
                         await self._refused(exc)
                         continue
@@ -321,8 +326,9 @@ class AsyncHookWorker:
                         log.warning("Redis unreachable (%s); retrying", exc)
                         await asyncio.sleep(0.5)
                         continue
-                    if not entries:
-                        await self._wait(stream, wake)
+                    except Exception:  # a lane outlives anything: its stream has no other reader
+                        _failures.error("reading %s failed; retrying", stream, exc_info=True)
+                        await asyncio.sleep(0.5)
                         continue
                 ids = [entry_id for entry_id, _ in entries]
                 held.update(ids)
@@ -372,16 +378,8 @@ class AsyncHookWorker:
                 if not read.done():  # a blocked command cancelled: redis-py drops its connection
                     read.cancel()
                     await asyncio.gather(read, return_exceptions=True)
-            if read.done() and not read.cancelled():
-                try:
-                    if read.result():
-                        return
-                except UNREACHABLE as exc:
-                    log.warning("Redis unreachable (%s); retrying", exc)
-                    await asyncio.sleep(0.5)
-                    return
-                except ResponseError:
-                    return  # the read that follows says what is wrong
+            if read.done() and not read.cancelled() and read.result():  # raises what it met
+                return
 
     # -- this replica's share of the partitions ------------------------------------------------
 
