@@ -734,7 +734,10 @@ class AsyncHookWorker:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.manifest(self.group))
             pipe.zadd(replicas, {self.replica: now})
-            pipe.zrangebyscore(replicas, now - int(self.settings.liveness_secs * 1000), "+inf")
+            # ZRANGE … BYSCORE, not ZRANGEBYSCORE: the hook's ACL user has +zrange (acl.py)
+            pipe.zrange(
+                replicas, now - int(self.settings.liveness_secs * 1000), "+inf", byscore=True
+            )
             if self.clock.measured:
                 pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
             current, _, live, *_ = await pipe.execute()
