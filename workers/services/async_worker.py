@@ -193,7 +193,7 @@ class AsyncHookWorker:
         self.clock = RedisClock(f"async hook {self.group} replica {self.replica}")
         self.stats |= {"lost": 0}
         # Entries this replica holds, by stream: read or claimed, not yet settled. The keep-alive
-        # keeps them claimed; claimed entries wait in _claimed for the read loop.
+        # keeps them claimed; claimed entries wait in _claimed for their stream's lane.
         self._in_flight: dict[str, set[bytes]] = {stream: set() for stream in self.streams}
         self._claimed: dict[str, collections.deque[list[Entry]]] = {
             stream: collections.deque() for stream in self.streams
@@ -646,7 +646,7 @@ class AsyncHookWorker:
             return
         if len(commands) == 1 and isinstance(self.redis, RedisCluster):
             # the usual case, acknowledgements alone: one command, not redis-py's cluster
-            # pipeline (about 40 µs more per batch: bus/transport/redis_io.py pipelined)
+            # pipeline, which costs more CPU per batch (docs/performance.md, async on a cluster)
             await self.redis.execute_command(*commands[0])
             return
         for reply in await pipelined(self.redis, commands):
