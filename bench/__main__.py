@@ -22,6 +22,7 @@ MODULES = [
     "bench.frameworks",
     "bench.mcp_proxy",
     "bench.cluster",
+    "bench.cluster_saturation",
 ]
 PLOTS = "bench.plots"  # runs last, on the results of the modules above
 

@@ -24,7 +24,7 @@ events
     this process XADDs M events of 64 sessions (so every partition gets some) in batches of
     500, with ``bus.transport.redis_io.xadd_batch`` (what a coordinator publishes with) for HookBus
     and a raw pipeline for the floor, while the consumers are stopped (SIGSTOP); then the consumers
-    go on (SIGCONT): 2 async hook groups of 2 replicas each, reading every partition. HookBus:
+    go on (SIGCONT): 2 async hook groups of 2 replicas each, sharing the partitions. HookBus:
     ``hookbus worker bench.cluster:NoopA`` / ``NoopB``. Floor: one task per partition doing
     XREADGROUP BLOCK → decode → XACK. Figures: events/s = M / (consumers resumed → every group
     has delivered and acknowledged everything on every partition, read from XINFO GROUPS), and
@@ -37,7 +37,7 @@ Per trial, besides the rate: the CPU time (``/proc``, user + system) of every pr
 agents or publisher, hook processes, Redis masters, Redis replicas — divided by the decisions or
 events; and each master's share of the load: its command calls (``INFO commandstats`` after a
 ``CONFIG RESETSTAT``), its CPU time, and the keys it holds. For the async hooks, the commands an
-idle replica sends per second (the cost of polling every partition). Each (target, workload,
+idle replica sends per second (the cost of waiting for events). Each (target, workload,
 implementation) runs in turn with only its own processes up (started, warmed up, timed, stopped),
 ``rounds`` times in a rotating order; ratios are paired by round, then the median is reported.
 
@@ -64,7 +64,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis as redis_py
 from redis.asyncio import Redis
@@ -122,7 +122,7 @@ class Plan:
 
 
 FULL = Plan(
-    agents=2, sessions=16, calls=60, events=20_000, warmup_events=2_000, rounds=3, idle_secs=2.0
+    agents=2, sessions=16, calls=60, events=20_000, warmup_events=2_000, rounds=3, idle_secs=10.0
 )
 QUICK = Plan(
     agents=1,
@@ -131,7 +131,7 @@ QUICK = Plan(
     events=2_000,
     warmup_events=200,
     rounds=1,
-    idle_secs=0.5,
+    idle_secs=2.0,  # at least one blocking wait (1 s) of every lane
     quick=True,
 )
 
@@ -639,9 +639,11 @@ SCENARIOS = [
 ]
 
 
-async def run(plan: Plan, targets: dict[str, Target], children: Children) -> dict[str, Any]:
+async def run(
+    plan: Plan, targets: dict[str, Target], children: Children, workloads: Sequence[str]
+) -> dict[str, Any]:
     warm, data = payloads(plan.warmup_events), payloads(plan.events)
-    chosen = [s for s in SCENARIOS if s[0] in targets]
+    chosen = [s for s in SCENARIOS if s[0] in targets and s[1] in workloads]
     trials: dict[tuple[str, str, str], list[dict[str, Any]]] = {s: [] for s in chosen}
     for rnd in range(plan.rounds):
         order = chosen[rnd % len(chosen) :] + chosen[: rnd % len(chosen)]
@@ -670,22 +672,23 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> float:
     return _median([x["per_sec"] / y["per_sec"] for x, y in zip(a, b, strict=True)])
 
 
+def median_shares(trials: list[dict[str, Any]], field: str) -> list[float]:
+    """Each master's share of ``field`` (its value over the masters' sum), median over trials."""
+    return [
+        _median([shares([m[field] for m in t["masters"]])[k] for t in trials])
+        for k in range(len(trials[0]["masters"]))
+    ]
+
+
 def summarise(trials: list[dict[str, Any]]) -> dict[str, Any]:
     roles = trials[0]["cpu_us"].keys()
-    masters = len(trials[0]["masters"])
     return {
         "per_sec": _median([t["per_sec"] for t in trials]),
         "best_per_sec": max(t["per_sec"] for t in trials),
         "cpu_us": {r: _median([t["cpu_us"][r] for t in trials]) for r in roles},
         "commands_per_op": _median([t["commands_per_op"] for t in trials]),
-        "calls_share": [
-            _median([shares([m["calls"] for m in t["masters"]])[k] for t in trials])
-            for k in range(masters)
-        ],
-        "cpu_share": [
-            _median([shares([m["cpu_s"] for m in t["masters"]])[k] for t in trials])
-            for k in range(masters)
-        ],
+        "calls_share": median_shares(trials, "calls"),
+        "cpu_share": median_shares(trials, "cpu_s"),
         "keys": trials[-1]["keys"],
         **(
             {"connections_per_process": trials[-1]["connections_per_process"]}
@@ -774,6 +777,36 @@ def report(
         },
         "event_bytes_mean": round(event_bytes, 1),
         "results": rows,
+        **async_targets(rows),
+    }
+
+
+#: Issue 33's targets for async hooks on the cluster (same consumers: 2 groups x 2 replicas).
+ASYNC_VS_FLOOR, ASYNC_VS_NODE, IDLE_COMMANDS = 0.9, 1.5, 40.0
+
+
+def async_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """HookBus's async hooks on the cluster against their targets, where the run has them."""
+    by = {(r["target"], r["workload"], r["impl"]): r for r in rows}
+    row = by.get(("cluster", "events", "hookbus"))
+    if row is None:
+        return {}
+    figures = {
+        "vs_floor": (row["ratio_to_floor"], ASYNC_VS_FLOOR),
+        "vs_node": (row.get("ratio_to_node"), ASYNC_VS_NODE),
+        "idle_commands_per_sec": (row["idle_commands_per_sec_per_replica"], IDLE_COMMANDS),
+    }
+    return {
+        "async_cluster_targets": {
+            name: {
+                "value": value,
+                "target": target,
+                "holds": None
+                if value is None
+                else (value <= target if name == "idle_commands_per_sec" else value >= target),
+            }
+            for name, (value, target) in figures.items()
+        }
     }
 
 
@@ -811,6 +844,14 @@ def render(report: dict[str, Any]) -> str:
             f"{'/'.join(f'{s:.2f}' for s in r['calls_share'])}"
         )
     lines.append("")
+    for name, t in report.get("async_cluster_targets", {}).items():
+        if t["value"] is not None:
+            bound = "<=" if name == "idle_commands_per_sec" else ">="
+            verdict = "HOLDS" if t["holds"] else "misses"
+            lines.append(
+                f"async hooks on the cluster, {name}: {t['value']:g} (target {bound} "
+                f"{t['target']:g}) -> {verdict}"
+            )
     for r in report["results"]:
         if r["impl"] == "durable":
             lines.append(
@@ -830,6 +871,19 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+P = TypeVar("P")
+
+
+def chosen_plan(parser: argparse.ArgumentParser, args: argparse.Namespace, quick: P, full: P) -> P:
+    """The plan ``--quick`` and ``--rounds`` ask for."""
+    plan = quick if args.quick else full
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        plan = dataclasses.replace(plan, rounds=args.rounds)  # type: ignore[type-var]
+    return plan
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few calls, one round (smoke test)")
@@ -840,12 +894,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=["node", "cluster"],
         help="one target (its ratios to the other are left out)",
     )
+    parser.add_argument(
+        "--workload", choices=["decisions", "events"], help="one workload (default: both)"
+    )
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    if args.rounds is not None:
-        if args.rounds < 1:
-            parser.error("--rounds must be at least 1")
-        plan = dataclasses.replace(plan, rounds=args.rounds)
+    plan = chosen_plan(parser, args, QUICK, FULL)
     previous = signal.signal(signal.SIGTERM, terminated)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hookbus-bench-") as logdir:
@@ -865,7 +918,8 @@ def main(argv: list[str] | None = None) -> int:
             targets = {"node": node_target(server), "cluster": cluster_target(cluster)}
             if args.only:
                 targets = {args.only: targets[args.only]}
-            result = asyncio.run(run(plan, targets, children))
+            workloads = [args.workload] if args.workload else ["decisions", "events"]
+            result = asyncio.run(run(plan, targets, children, workloads))
         finally:
             children.stop()
             cluster.close()

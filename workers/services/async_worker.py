@@ -3,13 +3,21 @@
 ``hookbus worker MODULE:AsyncHookClass`` joins the group named after the hook on ``{p}:events``
 (and on its own replay stream, ``{p}:hook:{name}:replay``); its replicas share the group.
 
+* Partitions shared: each replica reads its share of the events partitions (:func:`share`),
+  computed from the replicas alive in the hook's ``{p}:hook:{name}:replicas`` set, re-read with
+  each heartbeat: a replica that comes or goes changes every share within a heartbeat, a dead
+  one's within ``liveness_secs`` (its pending entries are claimed by the partition's new
+  reader). Each stream read has a lane (a task): it reads while entries come, and when none
+  does, waits in one ``XREAD BLOCK`` (``BLOCK_MS``), so an idle replica sends a few commands a
+  second, not a read of every partition every few milliseconds.
 * Batches: XREADGROUP COUNT ``batch_size``; each event runs under the async timeout (5 s);
   every entry handled in a batch is acknowledged in one XACK. A batch hook (``on_batch``,
   ``on_audit``) gets the whole batch in one call; if that call fails, the batch is halved until
   the entries it fails on are alone, so one poison entry holds back no other.
 * At least once: an entry is acknowledged only after the hook returned. One that failed stays
-  pending; once idle past ``claim_idle_secs`` any live replica claims it (XAUTOCLAIM) and runs
-  it again, so a replica killed mid-batch loses nothing.
+  pending; once idle past ``claim_idle_secs`` the replica reading its stream claims it
+  (XAUTOCLAIM, once per ``claim_idle_secs``) and runs it again, so a replica killed mid-batch
+  loses nothing.
 * Once without faults: while the hook runs (within its timeout), the keep-alive keeps the
   replica's in-flight entries its own (XCLAIM … JUSTID resets their idle time, as the sync
   worker does), so a hook slower than ``claim_idle_secs`` is not run again by another replica.
@@ -45,6 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from opentelemetry.trace import Status, StatusCode
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from bus.dispatch import eager
@@ -95,6 +104,25 @@ _failures = RateLimitedLog(log)
 FAILURE_TTL_SECS = 86_400
 _DATA = DATA_FIELD.encode()
 T = TypeVar("T")
+#: How long one wait of an idle lane blocks (XREAD BLOCK): one command per stream this long.
+BLOCK_MS = 1000
+#: An idle lane reads its stream again this often, whatever its waits saw.
+RECHECK_SECS = 10.0
+
+
+def share(partitions: Sequence[str], live: Sequence[str], replica: str) -> tuple[str, ...]:
+    """The partitions ``replica`` reads, given the live replicas of its hook (it included):
+    with the replicas sorted by id, the k-th of n reads every partition i with i mod n = k, so
+    each partition has one reader; more replicas than partitions share them (replica k reads
+    partition k mod P), as a consumer group allows. Every replica computes the same from the
+    same set; while their sets differ (a replica just came or went, for about a heartbeat) a
+    partition may have two readers, which the group keeps apart, or none, until the next
+    heartbeat."""
+    replicas = sorted(set(live) | {replica})
+    n, p, k = len(replicas), len(partitions), replicas.index(replica)
+    if n > p:
+        return (partitions[k % p],)
+    return tuple(partitions[k::n])
 
 
 def _flat(mapping: dict[Any, Any]) -> list[Any]:
@@ -140,7 +168,9 @@ class AsyncHookWorker:
         if hook.follows_audit_trail:
             self.sides += (self.keys.audit,)
         self.streams = self.events + self.sides
-        self._turn = 0  # the partition read first next time: each gets its turn
+        #: The streams this replica reads now: its share of the partitions (_assign), the sides.
+        self._reading: tuple[str, ...] = self.events + self.sides
+        self._reassigned = asyncio.Event()  # _reading changed: the read loop starts/ends lanes
         self.start = start
         self.batch_size = batch_size
         self.max_deliveries = max_deliveries
@@ -167,21 +197,21 @@ class AsyncHookWorker:
         self.clock = RedisClock(f"async hook {self.group} replica {self.replica}")
         self.stats |= {"lost": 0}
         # Entries this replica holds, by stream: read or claimed, not yet settled. The keep-alive
-        # keeps them claimed; claimed entries wait in _claimed for the read loop.
+        # keeps them claimed; claimed entries wait in _claimed for their stream's lane.
         self._in_flight: dict[str, set[bytes]] = {stream: set() for stream in self.streams}
-        self._claimed: collections.deque[tuple[str, list[Entry]]] = collections.deque()
+        self._claimed: dict[str, collections.deque[list[Entry]]] = {
+            stream: collections.deque() for stream in self.streams
+        }
+        self._wake = {stream: asyncio.Event() for stream in self.streams}  # a waiting lane's
         self._gaps: list[Gap] = []  # settled by a read, not yet recorded (Redis failed)
+        self._recording = asyncio.Lock()  # lanes and the keep-alive record gaps one at a time
         self._last_id: dict[str, str] = {}  # the newest id seen per stream, to wait past it
         self.registered = asyncio.Event()
         self.health = Health(settings.liveness_secs, self.clock)  # what its probes answer
         metrics.track(self, "async-worker", self.group)  # at /metrics, with its backlog
         metrics.track_group(self, self.group, self.streams)
-        self._busy = asyncio.Lock()  # held while a batch runs (stopping waits for it)
         self._trace: dict[str, tuple[str, str]] = {}  # event id → its publisher's trace context
         self.backlog = 0
-        self._next_replay_check = 0.0
-        self._sides_due = False  # a side stream had a backlog: check the sides next
-        self._events_due = False  # a side batch was just read: the events go next
         if telemetry.enabled():
             telemetry.meter.create_observable_gauge(
                 "hookbus.consumer.lag",
@@ -213,9 +243,7 @@ class AsyncHookWorker:
         note = ControlMessage(type="manifest", name=self.group, replica=self.replica)
         await self.redis.publish(self.keys.control, encode(note))
         self.registered.set()
-        log.info(
-            "async hook %s replica %s reading %s", self.group, self.replica, ", ".join(self.events)
-        )
+        log.info("async hook %s replica %s registered", self.group, self.replica)
 
     async def deregister(self) -> None:
         await retire_replica(self.redis, self.keys, self.group, self.replica)
@@ -243,8 +271,6 @@ class AsyncHookWorker:
             self.health.stopping()
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
-            async with self._busy:  # a claimed batch in hand finishes too
-                pass
             with contextlib.suppress(*UNREACHABLE):
                 await self.deregister()
             await self.redis.aclose()
@@ -256,74 +282,124 @@ class AsyncHookWorker:
             log.info("async hook %s replica %s stopped: %s", self.group, self.replica, self.stats)
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                batches = await self._read()
-            except ResponseError as exc:
-                if not group_lost(exc):
-                    log.error("Redis refused a read (%s); retrying", exc)
-                    await asyncio.sleep(0.5)
-                    continue
-                log.warning("events stream or group %s vanished; recreating it", self.group)
-                with contextlib.suppress(*UNREACHABLE):  # else tried again at the next read
-                    for stream in self.streams:
-                        await self.retention.create_group(stream, self.group, start="0")
-                continue
-            except UNREACHABLE as exc:
-                log.warning("Redis unreachable (%s); retrying", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for stream, entries in batches:
-                held = self._in_flight[stream]
+        """One lane (a task) per stream this replica reads: its share of the partitions, and the
+        side streams; lanes come and go as the share changes (:meth:`_assign`). Returns once
+        every lane has finished the batch in hand."""
+        lanes: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not stop.is_set():
+                self._reassigned.clear()
+                for stream, task in list(lanes.items()):
+                    if task.done():
+                        del lanes[stream]
+                for stream in self._reading:
+                    if stream not in lanes:
+                        lanes[stream] = asyncio.create_task(self._lane(stream, stop))
+                        # a lane that ended while its stream is still read is started again
+                        lanes[stream].add_done_callback(lambda _: self._reassigned.set())
+                for stream in set(lanes) - set(self._reading):
+                    self._wake[stream].set()  # it leaves after the batch in hand
+                waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._reassigned)]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiting in waits:
+                        waiting.cancel()
+        finally:
+            for stream in lanes:
+                self._wake[stream].set()
+            await asyncio.gather(*lanes.values(), return_exceptions=True)
+
+    async def _lane(self, stream: str, stop: asyncio.Event) -> None:
+        """Read ``stream`` while this replica reads it: entries claimed from a silent replica
+        first, then new ones; when it has none, wait for one (:meth:`_wait`)."""
+        held, claimed, wake = self._in_flight[stream], self._claimed[stream], self._wake[stream]
+        try:
+            while not stop.is_set() and stream in self._reading:
+                wake.clear()
+                if claimed:
+                    entries = claimed.popleft()  # already held (_claim)
+                else:
+                    try:
+                        entries = await self._read_new(stream)
+                        if not entries:
+                            await self._wait(stream, wake)
+                            continue
+                    except ResponseError as exc:
+                        await self._refused(exc)
+                        continue
+                    except UNREACHABLE as exc:
+                        log.warning("Redis unreachable (%s); retrying", exc)
+                        await asyncio.sleep(0.5)
+                        continue
+                    except Exception:  # a lane outlives anything: its stream has no other reader
+                        _failures.error("reading %s failed; retrying", stream, exc_info=True)
+                        await asyncio.sleep(0.5)
+                        continue
                 ids = [entry_id for entry_id, _ in entries]
                 held.update(ids)
                 try:
-                    async with self._busy:
-                        await self.process(stream, entries)
+                    await self.process(stream, entries)
                 except UNREACHABLE as exc:  # lost mid-batch: what was not acknowledged stays
                     log.warning(
                         "Redis unreachable mid-batch (%s); its entries will be retried", exc
                     )
                     await asyncio.sleep(0.5)
-                    break
                 except Exception:  # left pending: claimed again, dead-lettered after retries
                     _failures.error(
                         "a batch of %s failed; it will be retried", stream, exc_info=True
                     )
                 finally:
                     held.difference_update(ids)
+        finally:  # claimed and not run: given back (pending; the stream's reader claims them)
+            while claimed:
+                held.difference_update(entry_id for entry_id, _ in claimed.popleft())
 
-    async def _read(self) -> list[tuple[str, list[Entry]]]:
-        """The next batch: entries claimed from a silent replica first, then new ones. The side
-        streams (re-fed entries, the audit trail) are checked twice a second; while one has a
-        backlog, it and the events take turns, so neither waits on the other. One stream per
-        command, so that the keys may live on different cluster slots."""
-        if self._claimed:
-            return [self._claimed.popleft()]
-        if self._sides_due or time.monotonic() >= self._next_replay_check:
-            self._sides_due = False
-            self._next_replay_check = time.monotonic() + 0.5
-            for side in self.sides:
-                entries = await self._read_new(side)
-                if entries:
-                    self._events_due = True
-                    return [(side, entries)]
-        block = not self._events_due  # a side backlog is waiting: do not block
-        if self._events_due:
-            self._events_due, self._sides_due = False, True
-        count = len(self.events)
-        for i in range(count):  # each partition in turn, none starved by a busy one
-            partition = self.events[(self._turn + i) % count]
-            entries = await self._read_new(partition)
-            if entries:
-                self._turn = (self._turn + i + 1) % count
-                return [(partition, entries)]
-        if block:  # wait (200 ms in all at most) for a newer entry, then read it (check, then read)
-            partition = self.events[self._turn]
-            self._turn = (self._turn + 1) % count
-            wait_ms = max(20, 200 // count)
-            await self.redis.xread({partition: self._last_id[partition]}, count=1, block=wait_ms)
-        return []
+    async def _refused(self, exc: ResponseError) -> None:
+        if not group_lost(exc):
+            log.error("Redis refused a read (%s); retrying", exc)
+            await asyncio.sleep(0.5)
+            return
+        log.warning("events stream or group %s vanished; recreating it", self.group)
+        with contextlib.suppress(*UNREACHABLE):  # else tried again at the next read
+            for stream in self.streams:
+                await self.retention.create_group(stream, self.group, start="0")
+
+    async def _wait(self, stream: str, wake: asyncio.Event) -> None:
+        """Until ``stream`` has an entry newer than the last this replica saw, ``wake`` is set
+        (stop, a new share, entries claimed) or ``RECHECK_SECS`` passed (then the lane reads
+        again whatever happened: a failover may have reset the stream's ids). One ``XREAD
+        BLOCK`` per ``BLOCK_MS`` on an idle stream. Why not ``XREADGROUP BLOCK``: a blocked read
+        could pass over entries the cap cut meanwhile without counting them; the lane reads
+        through :meth:`_read_new`, which counts them."""
+        last = self._last_id.get(stream) or "$"
+        deadline = time.monotonic() + RECHECK_SECS
+        while not wake.is_set() and time.monotonic() < deadline:
+            read = asyncio.ensure_future(self.redis.xread({stream: last}, count=1, block=BLOCK_MS))
+            woken = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait((read, woken), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                if not read.done():  # a blocked command cancelled: redis-py drops its connection
+                    read.cancel()
+                    await asyncio.gather(read, return_exceptions=True)
+            if read.done() and not read.cancelled() and read.result():  # raises what it met
+                return
+
+    # -- this replica's share of the partitions ------------------------------------------------
+
+    def _assign(self, live: Sequence[str]) -> None:
+        """The streams this replica reads, from the replicas alive now (heartbeats younger than
+        ``liveness_secs``, this one included): :func:`share`, and every side stream."""
+        mine = share(self.events, live, self.replica) + self.sides
+        if mine != self._reading:
+            self._reading = mine
+            self._reassigned.set()
+            log.info(
+                "async hook %s replica %s (%d live) reading %s",
+                self.group, self.replica, len(set(live) | {self.replica}), ", ".join(mine),
+            )  # fmt: skip
 
     async def _read_new(self, stream: str) -> list[Entry]:
         """New entries of ``stream`` for this replica, without blocking; what the hard cap cut
@@ -343,11 +419,12 @@ class AsyncHookWorker:
 
     async def _record_gaps(self) -> None:
         """Report the gaps settled by reads; one Redis refused stays for the next try."""
-        while self._gaps:
-            gap = self._gaps[0]
-            await self.retention.record(gap)
-            self._gaps.pop(0)
-            self.stats["lost"] += gap.count
+        async with self._recording:
+            while self._gaps:
+                gap = self._gaps[0]
+                await self.retention.record(gap)
+                self._gaps.pop(0)
+                self.stats["lost"] += gap.count
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -393,7 +470,8 @@ class AsyncHookWorker:
                 acks.extend(entry_id for entry_id, _ in todo if entry_id not in failures)
             else:
                 acks.extend([entry_id for entry_id, _ in todo])
-        self._trace.clear()
+        for _, delivered in todo:  # this batch's (lanes run batches side by side)
+            trace.pop(delivered.id, None)
         self.stats["handled"] += len(todo) - len(failures)
         self.stats["failed"] += len(failures)
         self.stats["dead_lettered"] += len(dead)
@@ -572,6 +650,11 @@ class AsyncHookWorker:
             commands.append(("XACK", stream, self.group, *acks))
         if not commands:
             return
+        if len(commands) == 1 and isinstance(self.redis, RedisCluster):
+            # the usual case, acknowledgements alone: one command, not redis-py's cluster
+            # pipeline, which costs more CPU per batch (docs/performance.md, async on a cluster)
+            await self.redis.execute_command(*commands[0])
+            return
         for reply in await pipelined(self.redis, commands):
             if isinstance(reply, Exception):
                 raise reply
@@ -583,11 +666,12 @@ class AsyncHookWorker:
     # -- liveness, claiming, retention ---------------------------------------------------------
 
     async def _keep_alive(self, stop: asyncio.Event) -> None:
-        """Heartbeat; keep this replica's in-flight entries its own; take over entries a silent
-        replica left; every 10 s, the retention pass. Three times per ``claim_idle_secs``, so
-        that an entry in flight never looks idle that long to another replica."""
+        """Heartbeat (and this replica's share of the partitions); keep its in-flight entries
+        its own, three times per ``claim_idle_secs``, so that an entry in flight never looks idle
+        that long to another replica; once per ``claim_idle_secs``, take over entries a silent
+        replica left on the streams it reads; every 10 s, the retention pass on those."""
         interval = min(self.settings.heartbeat_secs, self.settings.claim_idle_secs / 3)
-        last_beat = last_trim = 0.0
+        last_beat = last_trim = last_claim = 0.0
         while not stop.is_set():
             try:
                 if time.monotonic() - last_beat >= self.settings.heartbeat_secs:
@@ -603,8 +687,11 @@ class AsyncHookWorker:
                     self.health.beat()
                 for stream in self.streams:
                     await self._keep(stream)
-                    if not self._claimed:  # one claimed batch waiting is enough
-                        await self._claim(stream)
+                if time.monotonic() - last_claim >= self.settings.claim_idle_secs:
+                    last_claim = time.monotonic()
+                    for stream in self._reading:
+                        if not self._claimed[stream]:  # one claimed batch waiting is enough
+                            await self._claim(stream)
                 await self._record_gaps()
                 if time.monotonic() - last_trim > 10:
                     last_trim = time.monotonic()
@@ -629,7 +716,9 @@ class AsyncHookWorker:
             )
 
     async def _retention_pass(self) -> None:
-        for stream in self.streams:
+        """Trim the streams this replica reads (each partition has a reader in every group);
+        the backlog of the whole group (the lag gauge)."""
+        for stream in self._reading:
             audit = stream == self.keys.audit
             maxlen = self.settings.audit_maxlen if audit else self.settings.events_maxlen
             await self.retention.trim(stream, maxlen)
@@ -641,19 +730,27 @@ class AsyncHookWorker:
         self.backlog = backlog
 
     async def _heartbeat(self, measure: bool = True) -> bool:
-        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it. True
-        if an operator removed the hook (its manifest is a tombstone): time to stop."""
+        """Measure the clock; the heartbeat (on Redis's clock) with the offset beside it, and
+        the live replicas (this replica's share of the partitions follows them). True if an
+        operator removed the hook (its manifest is a tombstone): time to stop."""
         if measure:
             await self.clock.measure(self.redis)
+        now = self.clock.now_ms()
+        replicas = self.keys.replicas(self.group)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.manifest(self.group))
-            pipe.zadd(self.keys.replicas(self.group), {self.replica: self.clock.now_ms()})
+            pipe.zadd(replicas, {self.replica: now})
+            # ZRANGE … BYSCORE, not ZRANGEBYSCORE: the hook's ACL user has +zrange (acl.py)
+            pipe.zrange(
+                replicas, now - int(self.settings.liveness_secs * 1000), "+inf", byscore=True
+            )
             if self.clock.measured:
                 pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
             problem = hook_problem(self.hook)
             publish_problem(pipe, self.keys, self.group, self.replica, problem, self.problem)
-            current = (await pipe.execute())[0]
+            current, _, live, *_ = await pipe.execute()
         self.problem = problem
+        self._assign([r.decode() if isinstance(r, bytes) else r for r in live])
         return retired_hook(current) is not None
 
     async def _claim(self, stream: str) -> None:
@@ -680,8 +777,9 @@ class AsyncHookWorker:
         if give_up:
             await self._bury(stream, give_up, counts)
         if retry:
-            held.update(i for i, _ in retry)  # kept from now on, run by the read loop
-            self._claimed.append((stream, retry))
+            held.update(i for i, _ in retry)  # kept from now on, run by the stream's lane
+            self._claimed[stream].append(retry)
+            self._wake[stream].set()
 
     async def _deliveries(self, stream: str, ids: list[bytes]) -> dict[bytes, int]:
         rows: Any = await self.redis.xpending_range(
