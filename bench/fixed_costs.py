@@ -19,7 +19,7 @@ sync agent, 1 hook
 coordinator service, 1 hook
     a foreign agent (this process: XADD a decision, BLPOP the reply) to the ``hookbus
     coordinator`` service against the floor service. Target: the service ≤ 1.1× the floor's.
-cluster (``--cluster``, and in ``make bench``)
+cluster (skipped with ``--no-cluster``)
     HookBus on a 3-master ``LocalCluster`` (no replicas: the masters' own work only) against
     HookBus on one node (AOF on, as the cluster's nodes), the agent and service topologies
     above. Target: the agent's HookClient, the hook worker and the coordinator service each
@@ -32,7 +32,7 @@ counted; during them it is. This process is both HookBus's agent and the floor's
 HookClient's background tasks that run during a floor batch count on the floor's side (a few
 per second, against thousands of decisions).
 
-Usage: ``python -m bench.fixed_costs [--quick] [--cluster | --no-cluster]``; results go to
+Usage: ``python -m bench.fixed_costs [--quick] [--no-cluster] [--only PART]``; results go to
 ``bench/results/fixed_costs.json``.
 """
 
@@ -110,13 +110,18 @@ class Side:
 
     call: Callable[[], Awaitable[Any]]
     roles: dict[str, list[int]]
+    plain: bool = False  # a plain function, called without awaiting (pluggy)
     ns: dict[str, list[int]] = field(default_factory=dict)  # role → CPU ns of each batch
 
     async def batch(self, n: int) -> None:
         before = {role: sum(cpu_ns(p) for p in pids) for role, pids in self.roles.items()}
         call = self.call
-        for _ in range(n):
-            await call()
+        if self.plain:
+            for _ in range(n):
+                call()
+        else:
+            for _ in range(n):
+                await call()
         for role, pids in self.roles.items():
             self.ns.setdefault(role, []).append(sum(cpu_ns(p) for p in pids) - before[role])
 
@@ -124,8 +129,8 @@ class Side:
 async def alternate(sides: dict[str, Side], warmup: int, rounds: int, batch: int) -> None:
     """Warm each side up, then run them in alternating batches (the order rotating)."""
     for side in sides.values():
-        for _ in range(warmup):
-            await side.call()
+        await side.batch(warmup)
+        side.ns.clear()
     gc.collect()
     gc.freeze()  # as a long-running agent host should (docs/performance.md)
     order = list(sides.values())
@@ -172,12 +177,8 @@ async def inprocess_rows(plan: CpuPlan) -> list[dict[str, Any]]:
         _check(isinstance(result.action, Continue), f"dispatch answered {result}")
         _check(len(hook(ctx=ctx)) == n, f"pluggy did not call {n} plugins")
 
-        async def pluggy(hook: Any = hook) -> Any:
-            return hook(ctx=ctx)
-
         ours = Side(lambda reg=reg: reg.run_pre_tool_use(ctx), {"process": [SELF]})
-        floor = Side(pluggy, {"process": [SELF]})
-        # The floor's coroutine wrapper is counted on its side; measured: under 0.1 µs.
+        floor = Side(lambda hook=hook: hook(ctx=ctx), {"process": [SELF]}, plain=True)
         await alternate({"hookbus": ours, "floor": floor}, plan.warmup * 10, plan.rounds,
                         plan.inprocess_batch)  # fmt: skip
         r = row(f"in-process, {n} no-op hook(s)", ours, floor, plan.inprocess_batch,
@@ -395,17 +396,20 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def run(plan: CpuPlan, with_cluster: bool, logdir: Path) -> dict[str, Any]:
+async def run(
+    plan: CpuPlan, with_cluster: bool, logdir: Path, only: str | None = None
+) -> dict[str, Any]:
     children = Children(logdir)
     server = RedisServer(extra=["--appendonly", "yes"])  # as the cluster's nodes
     server.binary = sync_dispatch._dying_with_us(server.binary, logdir)
     cluster = LocalCluster(masters=3, replicas=0) if with_cluster else None
     try:
-        rows = await inprocess_rows(plan)
+        rows = await inprocess_rows(plan) if only in (None, "inprocess") else []
         server.start()
         assert server.proc is not None
-        rows += await node_rows(plan, server.url, server.proc.pid, children)
-        if cluster is not None:
+        if only in (None, "node"):
+            rows += await node_rows(plan, server.url, server.proc.pid, children)
+        if cluster is not None and only in (None, "cluster"):
             progress("starting a 3-master cluster")
             cluster.start()
             rows += await cluster_rows(plan, (server.url, server.proc.pid), cluster, children)
@@ -428,12 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fixed_costs", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few iterations (smoke test)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the cluster rows")
+    parser.add_argument("--only", choices=("inprocess", "node", "cluster"), help="one part")
     args, _ = parser.parse_known_args(argv)
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
         with tempfile.TemporaryDirectory(prefix="hookbus-fixed-") as logdir:
             report = asyncio.run(
-                run(QUICK if args.quick else FULL, not args.no_cluster, Path(logdir))
+                run(QUICK if args.quick else FULL, not args.no_cluster, Path(logdir), args.only)
             )
     finally:
         signal.signal(signal.SIGTERM, previous)
