@@ -527,6 +527,11 @@ def connect(settings: BusSettings) -> Redis:
     )
     for command in ("XREAD", "XREADGROUP"):
         client.set_response_callback(command, stream_reply)
+    return _watch_connections(client)
+
+
+def _watch_connections(client: Redis) -> Redis:
+    """``client`` with :class:`_Watched` connections (hiredis packing, one timer per loop)."""
     pool = client.connection_pool
     pool.connection_class = {
         redis_connection.Connection: _Connection,
@@ -657,7 +662,11 @@ def _node_client(cluster: RedisCluster, address: tuple[str, int]) -> Redis:
         kwargs = {k: v for k, v in given.items() if k in _NODE_KWARGS or k.startswith("ssl_")}
         if given.get("connection_class") is redis_connection.SSLConnection:
             kwargs["ssl"] = True
-        client = clients[address] = Redis(host=address[0], port=address[1], **kwargs)
+        # Watched connections, as one node's client has: the hot path on a cluster goes
+        # through these (_cluster_pipelined).
+        client = clients[address] = _watch_connections(
+            Redis(host=address[0], port=address[1], **kwargs)
+        )
     return client
 
 
