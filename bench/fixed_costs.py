@@ -27,10 +27,12 @@ cluster (skipped with ``--no-cluster``)
     node's.
 
 The Redis servers' CPU per operation is shown beside each row (it is no target but for the
-cluster). Between its batches a process's background work (heartbeats, directory reads) is not
-counted; during them it is. This process is both HookBus's agent and the floor's: the
-HookClient's background tasks that run during a floor batch count on the floor's side (a few
-per second, against thousands of decisions).
+cluster). Before the rounds, each process's idle CPU per second is measured (heartbeats,
+blocking reads that time out, Redis's own cron; ``idle_ms_per_s``) and taken off each batch
+for the time it lasted: a figure is what the operations cost, not what the process costs
+while it waits (which a busy process spreads over many more operations). Each figure is the
+median over the rounds, the ratio the median of the rounds' ratios (their range beside it).
+This process is both HookBus's agent and the floor's.
 
 Usage: ``python -m bench.fixed_costs [--quick] [--no-cluster] [--only PART]``; results go to
 ``bench/results/fixed_costs.json``.
@@ -44,6 +46,7 @@ import contextlib
 import gc
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -87,10 +90,11 @@ class CpuPlan:
     rounds: int
     batch: int
     inprocess_batch: int
+    idle_secs: float  # how long each process's idle CPU is measured, before the rounds
 
 
-FULL = CpuPlan(warmup=300, rounds=8, batch=400, inprocess_batch=20_000)
-QUICK = CpuPlan(warmup=20, rounds=2, batch=30, inprocess_batch=500)
+FULL = CpuPlan(warmup=300, rounds=15, batch=200, inprocess_batch=10_000, idle_secs=2.0)
+QUICK = CpuPlan(warmup=20, rounds=2, batch=30, inprocess_batch=500, idle_secs=0.2)
 
 
 def cpu_ns(pid: int) -> int:
@@ -112,9 +116,14 @@ class Side:
     roles: dict[str, list[int]]
     plain: bool = False  # a plain function, called without awaiting (pluggy)
     ns: dict[str, list[int]] = field(default_factory=dict)  # role → CPU ns of each batch
+    wall: list[int] = field(default_factory=list)  # ns each batch took
+    idle: dict[str, float] = field(default_factory=dict)  # role → CPU ns per s, no calls
+
+    def cpu(self) -> dict[str, int]:
+        return {role: sum(cpu_ns(p) for p in pids) for role, pids in self.roles.items()}
 
     async def batch(self, n: int) -> None:
-        before = {role: sum(cpu_ns(p) for p in pids) for role, pids in self.roles.items()}
+        before, t0 = self.cpu(), time.monotonic_ns()
         call = self.call
         if self.plain:
             for _ in range(n):
@@ -122,17 +131,41 @@ class Side:
         else:
             for _ in range(n):
                 await call()
-        for role, pids in self.roles.items():
-            self.ns.setdefault(role, []).append(sum(cpu_ns(p) for p in pids) - before[role])
+        self.wall.append(time.monotonic_ns() - t0)
+        for role, spent in self.cpu().items():
+            self.ns.setdefault(role, []).append(spent - before[role])
+
+    def per_op(self, role: str, batch: int) -> list[float]:
+        """µs of CPU per operation in each batch, less what the process spends idle."""
+        rate = self.idle.get(role, 0.0)
+        return [(ns - rate * wall / 1e9) / batch / 1000 for ns, wall in zip(self.ns[role],
+                self.wall, strict=True)]  # fmt: skip
 
 
-async def alternate(sides: dict[str, Side], warmup: int, rounds: int, batch: int) -> None:
-    """Warm each side up, then run them in alternating batches (the order rotating)."""
+async def measure_idle(sides: dict[str, Side], seconds: float) -> None:
+    """Each process's CPU per second with no calls (heartbeats, blocked reads timing out,
+    Redis's own cron): subtracted from the batches, so that a figure is the operation's."""
+    before = {label: side.cpu() for label, side in sides.items()}
+    t0 = time.monotonic()
+    await asyncio.sleep(seconds)  # a measuring period, not a wait for anything
+    elapsed = time.monotonic() - t0
+    for label, side in sides.items():
+        side.idle = {r: (ns - before[label][r]) / elapsed for r, ns in side.cpu().items()}
+
+
+async def alternate(
+    sides: dict[str, Side], warmup: int, rounds: int, batch: int, idle_secs: float = 0.0
+) -> None:
+    """Warm each side up, measure the idle, then run the sides in alternating batches (the
+    order rotating)."""
     for side in sides.values():
         await side.batch(warmup)
         side.ns.clear()
+        side.wall.clear()
     gc.collect()
     gc.freeze()  # as a long-running agent host should (docs/performance.md)
+    if idle_secs:
+        await measure_idle(sides, idle_secs)
     order = list(sides.values())
     for r in range(rounds):
         for side in order[r % len(order) :] + order[: r % len(order)]:
@@ -142,25 +175,25 @@ async def alternate(sides: dict[str, Side], warmup: int, rounds: int, batch: int
 def row(
     what: str, ours: Side, floor: Side, batch: int, targets: dict[str, float]
 ) -> dict[str, Any]:
-    """µs of CPU per operation of each role, both sides, their ratio and its spread."""
+    """µs of CPU per operation of each role, both sides (medians over the rounds), the median
+    of the rounds' ratios and their range, and each side's idle CPU."""
     roles: dict[str, Any] = {}
     for role in ours.roles:
-        a, b = ours.ns[role], floor.ns[role]
-        us, fus = sum(a) / len(a) / batch / 1000, sum(b) / len(b) / batch / 1000
+        a, b = ours.per_op(role, batch), floor.per_op(role, batch)
         per_round = sorted(x / y for x, y in zip(a, b, strict=True) if y > 0)
+        ratio = round(statistics.median(per_round), 2) if per_round else None
         roles[role] = {
-            "hookbus_us": round(us, 2),
-            "floor_us": round(fus, 2),
-            "ratio": round(us / fus, 2) if fus > 0 else None,
+            "hookbus_us": round(statistics.median(a), 2),
+            "floor_us": round(statistics.median(b), 2),
+            "ratio": ratio,
             "ratio_per_round": [round(per_round[0], 2), round(per_round[-1], 2)]
             if per_round
             else [],
+            "idle_ms_per_s": [round(s.idle.get(role, 0.0) / 1e6, 2) for s in (ours, floor)],
         }
         if role in targets:
             roles[role]["target"] = targets[role]
-            roles[role]["met"] = roles[role]["ratio"] is not None and (
-                roles[role]["ratio"] <= targets[role]
-            )
+            roles[role]["met"] = ratio is not None and ratio <= targets[role]
     return {"what": what, "roles": roles}
 
 
@@ -301,7 +334,8 @@ async def node_rows(plan: CpuPlan, url: str, server: int, children: Children) ->
         ours = Side(hookbus.agent_call, {"agent": [SELF], "hook": [hookbus.worker],
                                          "redis": [server]})  # fmt: skip
         floor = Side(floor_agent, {"agent": [SELF], "hook": [floor_hook], "redis": [server]})
-        await alternate({"hookbus": ours, "floor": floor}, plan.warmup, plan.rounds, plan.batch)
+        await alternate({"hookbus": ours, "floor": floor}, plan.warmup, plan.rounds, plan.batch,
+                        plan.idle_secs)  # fmt: skip
         agent = row("sync agent, 1 hook", ours, floor, plan.batch, TARGETS["agent"])
         progress(line(agent))
 
@@ -315,7 +349,8 @@ async def node_rows(plan: CpuPlan, url: str, server: int, children: Children) ->
                                "agent": [SELF], "redis": [server]})  # fmt: skip
         floor = Side(floor_agent2, {"service": [floor_service], "hook": [floor_hook],
                                     "agent": [SELF], "redis": [server]})  # fmt: skip
-        await alternate({"hookbus": ours, "floor": floor}, plan.warmup, plan.rounds, plan.batch)
+        await alternate({"hookbus": ours, "floor": floor}, plan.warmup, plan.rounds, plan.batch,
+                        plan.idle_secs)  # fmt: skip
         service = row("coordinator service, 1 hook", ours, floor, plan.batch, TARGETS["service"])
         progress(line(service))
         return [agent, service]
@@ -343,7 +378,7 @@ async def cluster_rows(
             d.label: Side(d.agent_call, {"agent": [SELF], "hook": [d.worker], "redis": d.servers})
             for d in (many, one)
         }
-        await alternate(sides, plan.warmup, plan.rounds, plan.batch)
+        await alternate(sides, plan.warmup, plan.rounds, plan.batch, plan.idle_secs)
         agent = row("cluster vs one node, sync agent, 1 hook", sides["cluster"], sides["node"],
                     plan.batch, TARGETS["cluster agent"])  # fmt: skip
         progress(line(agent))
@@ -359,7 +394,7 @@ async def cluster_rows(
             )
             for d in (many, one)
         }
-        await alternate(sides, plan.warmup, plan.rounds, plan.batch)
+        await alternate(sides, plan.warmup, plan.rounds, plan.batch, plan.idle_secs)
         service = row("cluster vs one node, coordinator service, 1 hook", sides["cluster"],
                       sides["node"], plan.batch, TARGETS["cluster service"])  # fmt: skip
         progress(line(service))
