@@ -414,7 +414,14 @@ async def _library_pipeline(cluster: RedisCluster, commands: Sequence[Sequence[A
 def _key_of(command: Sequence[Any]) -> Any:
     """The key a command of :func:`pipelined` is routed by, or None if it names none we know."""
     name = command[0]
-    if name in ("XREADGROUP", "XREAD", "BLMPOP"):
+    if name in ("XREADGROUP", "XREAD"):
+        # HookBus spells its reads itself: the one stream follows STREAMS (found without the
+        # case folding of routing_key, for each read of every hook replica).
+        at = command.index("STREAMS") if "STREAMS" in command else -1
+        if at > 0 and len(command) == at + 3:
+            return command[at + 1]
+        return routing_key(name, command[1:])
+    if name == "BLMPOP":
         return routing_key(name, command[1:])
     if name in ("EVALSHA", "EVAL"):
         return command[3] if len(command) > 3 and str(command[2]) != "0" else None
