@@ -16,7 +16,7 @@ import math
 import re
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import hiredis
@@ -310,9 +310,9 @@ async def pipelined(redis: Redis, commands: Sequence[Sequence[Any]], conn: Any =
     of CPU (a retry wrapper, observability hooks, a task to release the connection; measured
     2026-12-03 with a two-command pipeline: about 200 µs against 120 µs), and HookBus runs one
     per dispatch (the agent's request and event), per batch of requests (a sync hook's replies)
-    and per batch of events (an async hook's read). A cluster client routes each command to its
-    slot's node: it gets redis-py's pipeline. ``conn``: a connection the caller holds
-    (:func:`held_connection`), used instead of one from the pool."""
+    and per batch of events (an async hook's read). On a cluster, one write per node
+    (:func:`_cluster_pipelined`). ``conn``: what the caller holds (:func:`held_connection`),
+    used instead of the pool's connections."""
     if isinstance(redis, RedisCluster):
         return await _cluster_pipelined(cast(RedisCluster, redis), commands, conn)
     pool = redis.connection_pool
@@ -321,17 +321,7 @@ async def pipelined(redis: Redis, commands: Sequence[Sequence[Any]], conn: Any =
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         await conn.send_packed_command(conn.pack_commands(commands))
-        callbacks = redis.response_callbacks
-        replies: list[Any] = []
-        for command in commands:
-            try:
-                reply = await conn.read_response()
-            except ResponseError as exc:  # the reply was read: the next one follows
-                replies.append(exc)
-                continue
-            callback = callbacks.get(command[0])
-            replies.append(callback(reply) if callback else reply)
-        return replies
+        return await _replies(conn, commands, redis.response_callbacks)
     except BaseException:
         await conn.disconnect(nowait=True)  # a held one reconnects on its next send
         raise
@@ -471,18 +461,14 @@ async def _cluster_pipelined(
             conn = kept[1]
             await conn.send_packed_command(conn.pack_commands([commands[i] for i in indices]))
         for (_, conn), indices in zip(taken, by_node.values(), strict=True):
-            for i in indices:
-                try:
-                    reply = await conn.read_response()
-                except ResponseError as exc:  # the reply was read: the next one follows
-                    replies[i] = exc
-                    continue
-                callback = callbacks.get(commands[i][0])
-                replies[i] = callback(reply) if callback else reply
-    except BaseException:
+            got = await _replies(conn, [commands[i] for i in indices], callbacks)
+            for i, reply in zip(indices, got, strict=True):
+                replies[i] = reply
+    except BaseException as exc:
         for _, conn in taken:
-            await conn.disconnect(nowait=True)
-        await _refresh_slots(cluster)
+            await conn.disconnect(nowait=True)  # a held one reconnects on its next send
+        if isinstance(exc, RedisError | OSError):  # not a cancellation: a node may be gone
+            await _refresh_slots(cluster)
         raise
     finally:
         if held is None:
@@ -494,6 +480,23 @@ async def _cluster_pipelined(
         again = await _library_pipeline(cluster, [commands[i] for i in moved])
         for i, reply in zip(moved, again, strict=True):
             replies[i] = reply
+    return replies
+
+
+async def _replies(
+    conn: Any, commands: Sequence[Sequence[Any]], callbacks: Mapping[Any, Any]
+) -> list[Any]:
+    """The replies to ``commands`` sent on ``conn``, each parsed as redis-py parses it, or the
+    ResponseError Redis answered for it."""
+    replies: list[Any] = []
+    for command in commands:
+        try:
+            reply = await conn.read_response()
+        except ResponseError as exc:  # the reply was read: the next one follows
+            replies.append(exc)
+            continue
+        callback = callbacks.get(command[0])
+        replies.append(callback(reply) if callback else reply)
     return replies
 
 
