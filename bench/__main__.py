@@ -14,6 +14,7 @@ import time
 MODULES = [
     "bench.inprocess",
     "bench.sync_dispatch",
+    "bench.fixed_costs",  # CPU per operation of each process, beside the floor
     "bench.command_hooks",
     "bench.http_gateway",
     "bench.async_throughput",

@@ -81,6 +81,7 @@ from bus.transport.redis_io import (
     dead_letter,
     held_connection,
     pipelined,
+    release_held,
     xadd_batch,
 )
 from bus.transport.redis_io import close as close_client
@@ -261,7 +262,7 @@ class Coordinator(EventRunner):
             for task in late:
                 task.cancel()
         if self._send_conn is not None:
-            await self.redis.connection_pool.release(self._send_conn)
+            await release_held(self.redis, self._send_conn)
         await close_client(self.redis)
 
     async def __aenter__(self) -> Coordinator:
@@ -722,7 +723,7 @@ class Coordinator(EventRunner):
                     await self._take(cast(list[bytes], popped[1]))
         finally:
             if conn is not None:
-                await self.redis.connection_pool.release(conn)
+                await release_held(self.redis, conn)
 
     async def _take(self, replies: list[bytes]) -> None:
         """Deliver what one read of the inbox brought."""

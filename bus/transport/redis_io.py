@@ -16,7 +16,7 @@ import math
 import re
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import hiredis
@@ -24,6 +24,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
 from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     ClusterDownError,
     DataError,
@@ -278,11 +279,25 @@ def routing_key(command: Any, args: Sequence[Any]) -> Any:
 async def held_connection(redis: Redis) -> Any:
     """A connection of ``redis``'s pool for one long-lived task to keep and pass to
     :func:`pipelined` (taking one from the pool and giving it back costs a few per cent of an
-    agent's CPU per dispatch); None for a cluster client, which routes each command itself.
-    Give it back with ``redis.connection_pool.release``."""
+    agent's CPU per dispatch); for a cluster client, a :class:`HeldNodes` that keeps one per
+    node as the task meets them. Give it back with :func:`release_held`."""
     if isinstance(redis, RedisCluster):
-        return None
+        return HeldNodes()
     return await redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+
+
+class HeldNodes(dict[tuple[str, int], tuple[Any, Any]]):
+    """A task's own connection to each cluster node it sends to: address → (pool, connection)."""
+
+
+async def release_held(redis: Redis, conn: Any) -> None:
+    """Give back what :func:`held_connection` returned."""
+    if isinstance(conn, HeldNodes):
+        for pool, held in conn.values():
+            await pool.release(held)
+        conn.clear()
+    else:
+        await redis.connection_pool.release(conn)
 
 
 async def pipelined(redis: Redis, commands: Sequence[Sequence[Any]], conn: Any = None) -> list[Any]:
@@ -295,31 +310,18 @@ async def pipelined(redis: Redis, commands: Sequence[Sequence[Any]], conn: Any =
     of CPU (a retry wrapper, observability hooks, a task to release the connection; measured
     2026-12-03 with a two-command pipeline: about 200 µs against 120 µs), and HookBus runs one
     per dispatch (the agent's request and event), per batch of requests (a sync hook's replies)
-    and per batch of events (an async hook's read). A cluster client routes each command to its
-    slot's node: it gets redis-py's pipeline. ``conn``: a connection the caller holds
-    (:func:`held_connection`), used instead of one from the pool."""
+    and per batch of events (an async hook's read). On a cluster, one write per node
+    (:func:`_cluster_pipelined`). ``conn``: what the caller holds (:func:`held_connection`),
+    used instead of the pool's connections."""
     if isinstance(redis, RedisCluster):
-        async with redis.pipeline(transaction=False) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            return list(await pipe.execute(raise_on_error=False))
+        return await _cluster_pipelined(cast(RedisCluster, redis), commands, conn)
     pool = redis.connection_pool
     held = conn is not None
     if not held:
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         await conn.send_packed_command(conn.pack_commands(commands))
-        callbacks = redis.response_callbacks
-        replies: list[Any] = []
-        for command in commands:
-            try:
-                reply = await conn.read_response()
-            except ResponseError as exc:  # the reply was read: the next one follows
-                replies.append(exc)
-                continue
-            callback = callbacks.get(command[0])
-            replies.append(callback(reply) if callback else reply)
-        return replies
+        return await _replies(conn, commands, redis.response_callbacks)
     except BaseException:
         await conn.disconnect(nowait=True)  # a held one reconnects on its next send
         raise
@@ -392,6 +394,112 @@ def _seed_nodes(seeds: list[tuple[str, int]], scheme: str) -> list[tuple[str, in
     return list(dict.fromkeys(nodes))
 
 
+async def _library_pipeline(cluster: RedisCluster, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async with cluster.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _key_of(command: Sequence[Any]) -> Any:
+    """The key a command of :func:`pipelined` is routed by, or None if it names none we know."""
+    name = command[0]
+    if name in ("XREADGROUP", "XREAD"):
+        # HookBus spells its reads itself: the one stream follows STREAMS (found without the
+        # case folding of routing_key, for each read of every hook replica).
+        at = command.index("STREAMS") if "STREAMS" in command else -1
+        if at > 0 and len(command) == at + 3:
+            return command[at + 1]
+        return routing_key(name, command[1:])
+    if name == "BLMPOP":
+        return routing_key(name, command[1:])
+    if name in ("EVALSHA", "EVAL"):
+        return command[3] if len(command) > 3 and str(command[2]) != "0" else None
+    if name == "WAIT" or len(command) < 2:
+        return None
+    return command[1]
+
+
+async def _cluster_pipelined(
+    cluster: RedisCluster, commands: Sequence[Sequence[Any]], held: HeldNodes | None = None
+) -> list[Any]:
+    """:func:`pipelined` on a cluster: each node's commands sent in one write through a plain
+    client of that node, the nodes' replies read after every write went out.
+
+    Why not redis-py's cluster pipeline: per execution it resolves each command's policies and
+    slot, wraps the nodes' sends in tasks, retries and parses through several layers; measured
+    (``bench.fixed_costs``, 2026-12-04) it made an agent's CPU per decision 1.9x, and a hook
+    worker's 1.9x, what they are on one node, where :func:`pipelined` writes to the socket
+    itself. HookBus knows the key (so the slot) of every command it sends on the hot path, and
+    the cluster client's slot map says which node serves it. A command the map placed wrong is
+    redirected by its node (MOVED, ASK: it did not run): the map is refreshed and those commands
+    go through redis-py's pipeline, which follows redirections. A command whose key we do not
+    know goes that way too. A connection lost mid-way refreshes the map (a failover moved the
+    slots) and raises, as on one node."""
+    by_node: dict[tuple[str, int], list[int]] = {}
+    for index, command in enumerate(commands):
+        key = _key_of(command)
+        try:
+            node = None if key is None else cluster.get_node_from_key(key)
+        except RedisClusterException:  # mid-failover: no master serves the slot yet
+            node = None
+        if node is None:
+            return await _library_pipeline(cluster, commands)
+        by_node.setdefault((node.host, int(node.port)), []).append(index)
+    replies: list[Any] = [None] * len(commands)
+    taken: list[tuple[Any, Any]] = []  # (pool, connection) of each node
+    callbacks = cluster.response_callbacks
+    try:
+        for address, indices in by_node.items():
+            kept = None if held is None else held.get(address)
+            if kept is None:
+                pool = _node_client(cluster, address).connection_pool
+                kept = (pool, await pool.get_connection())  # type: ignore[no-untyped-call]
+                if held is not None:
+                    held[address] = kept
+            taken.append(kept)
+            conn = kept[1]
+            await conn.send_packed_command(conn.pack_commands([commands[i] for i in indices]))
+        for (_, conn), indices in zip(taken, by_node.values(), strict=True):
+            got = await _replies(conn, [commands[i] for i in indices], callbacks)
+            for i, reply in zip(indices, got, strict=True):
+                replies[i] = reply
+    except BaseException as exc:
+        for _, conn in taken:
+            await conn.disconnect(nowait=True)  # a held one reconnects on its next send
+        if isinstance(exc, RedisError | OSError):  # not a cancellation: a node may be gone
+            await _refresh_slots(cluster)
+        raise
+    finally:
+        if held is None:
+            for pool, conn in taken:
+                await pool.release(conn)
+    moved = [i for i, r in enumerate(replies) if isinstance(r, AskError)]  # MOVED is one too
+    if moved:
+        await _refresh_slots(cluster)
+        again = await _library_pipeline(cluster, [commands[i] for i in moved])
+        for i, reply in zip(moved, again, strict=True):
+            replies[i] = reply
+    return replies
+
+
+async def _replies(
+    conn: Any, commands: Sequence[Sequence[Any]], callbacks: Mapping[Any, Any]
+) -> list[Any]:
+    """The replies to ``commands`` sent on ``conn``, each parsed as redis-py parses it, or the
+    ResponseError Redis answered for it."""
+    replies: list[Any] = []
+    for command in commands:
+        try:
+            reply = await conn.read_response()
+        except ResponseError as exc:  # the reply was read: the next one follows
+            replies.append(exc)
+            continue
+        callback = callbacks.get(command[0])
+        replies.append(callback(reply) if callback else reply)
+    return replies
+
+
 def connect(settings: BusSettings) -> Redis:
     """A redis-py asyncio client for HookBus: bytes in and out, reconnecting on demand.
 
@@ -429,6 +537,11 @@ def connect(settings: BusSettings) -> Redis:
     )
     for command in ("XREAD", "XREADGROUP"):
         client.set_response_callback(command, stream_reply)
+    return _watch_connections(client)
+
+
+def _watch_connections(client: Redis) -> Redis:
+    """``client`` with :class:`_Watched` connections (hiredis packing, one timer per loop)."""
     pool = client.connection_pool
     pool.connection_class = {
         redis_connection.Connection: _Connection,
@@ -459,7 +572,7 @@ async def xadd_batch(
     ``replicas`` > 0 is the durable mode: after the XADDs, ``WAIT replicas wait_ms`` on the
     same connection, and an item whose master did not hear back from that many replicas gets
     :class:`NotReplicated` instead of its id (the write may still survive; it is not promised).
-    ``conn``: a connection the caller holds (:func:`held_connection`; a plain client only).
+    ``conn``: what the caller holds (:func:`held_connection`).
     """
     if replicas <= 0:
         return await _pipelined(redis, batch, None, conn)
@@ -559,7 +672,11 @@ def _node_client(cluster: RedisCluster, address: tuple[str, int]) -> Redis:
         kwargs = {k: v for k, v in given.items() if k in _NODE_KWARGS or k.startswith("ssl_")}
         if given.get("connection_class") is redis_connection.SSLConnection:
             kwargs["ssl"] = True
-        client = clients[address] = Redis(host=address[0], port=address[1], **kwargs)
+        # Watched connections, as one node's client has: the hot path on a cluster goes
+        # through these (_cluster_pipelined).
+        client = clients[address] = _watch_connections(
+            Redis(host=address[0], port=address[1], **kwargs)
+        )
     return client
 
 
@@ -660,7 +777,7 @@ async def consume(
                 _failures.error("handling a batch of %s failed", stream, exc_info=True)
     finally:
         if conn is not None:
-            await redis.connection_pool.release(conn)
+            await release_held(redis, conn)
 
 
 async def keep_and_claim(
