@@ -481,7 +481,7 @@ def test_deployments_probe_the_health_endpoint_and_name_the_hook_once() -> None:
         }, file
         if c["args"][0] == "worker":
             assert yaml.safe_dump(doc).count(c["args"][1]) == 1, file
-    assert found == 6
+    assert found == 7  # coordinator, gateway, four hook services, the starter policy
 
 
 # -- ACL users ----------------------------------------------------------------------------------
@@ -547,7 +547,7 @@ def test_each_hook_service_connects_as_its_own_hook_user() -> None:
         assert ref["name"] not in seen, file
         seen.add(ref["name"])
         user = urllib.parse.urlsplit(secrets[ref["name"]][ref["key"]]).username
-        assert user == f"hook-{spec_of(load_hook(container['args'][1])).name}", file
+        assert user == f"hook-{import_target(container['args'][1]).name}", file
         assert user in USERS
         assert sorted(secrets[ref["name"]]) == ["password", ref["key"]], (
             "a hook's Secret holds its own user's URL and password only"

@@ -24,6 +24,7 @@ from bus.hooks import AsyncAgentHook, spec_of
 from bus.transport.keys import COORDINATORS_GROUP, WORKERS_GROUP, Keys
 from tests.harness import ROOT
 from tests.test_deploy import K8S, manifests, validate_manifest
+from workers.services.loading import parse_config
 from workers.services.worker import load_hook
 
 OVERLAY = K8S.parent / "k8s-cluster"
@@ -72,11 +73,21 @@ def partitions() -> int:
     return int(config["data"]["HOOKBUS_PARTITIONS"])
 
 
+def set_config(args: list[str]) -> dict[str, str]:
+    """The ``--set KEY=VALUE`` pairs of ``hookbus worker`` arguments (a relative file path as the
+    image's working directory, the repository's root, resolves it)."""
+    config = parse_config([args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    return {
+        k: str(ROOT / v) if isinstance(v, str) and (ROOT / v).is_file() else v
+        for k, v in config.items()
+    }
+
+
 def expected_triggers(args: list[str], keys: Keys) -> set[tuple[str, str]]:
     """(stream, group) of every stream the Deployment running ``hookbus *args`` reads."""
     if args[0] == "coordinator":
         return {(s, COORDINATORS_GROUP) for s in keys.decision_partitions}
-    hook = load_hook(args[1])
+    hook = load_hook(args[1], config=set_config(args))
     name = spec_of(hook).name
     if isinstance(hook, AsyncAgentHook):
         streams = set(keys.event_partitions) | ({keys.audit} if hook.follows_audit_trail else set())
@@ -161,5 +172,5 @@ def test_every_secret_of_the_overlay_names_the_cluster_and_keeps_each_hooks_own_
     }
     assert urls and all(v.startswith("redis+cluster://") for v in urls.values()), urls
     hooks = {n: v for (n, k), v in urls.items() if n.startswith("hookbus-hook-")}
-    assert len(hooks) == 4 and all("://hook-" in v for v in hooks.values()), hooks
+    assert len(hooks) == 5 and all("://hook-" in v for v in hooks.values()), hooks
     assert not any("://worker:" in v for v in urls.values())
