@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.asyncio import Redis
 
 from bus.events import (
     HookEvent,
@@ -27,6 +28,7 @@ from tests.harness import ROOT, put_manifest, wait_for, worker_env
 from workers.ops.common import MANY
 from workers.ops.hooks import list_hooks
 from workers.ops.lag import consumer_lag
+from workers.ops.replay import replay_dead_letters
 
 PRE = HookEvent.PRE_TOOL_USE
 TIMEOUT = 60
@@ -648,3 +650,29 @@ async def test_repair_on_a_redis_cluster(cluster_settings: BusSettings) -> None:
         assert (await client.xadd(stream, {"data": "later"})) > first
     finally:
         await client.aclose()
+
+
+async def test_dlq_replay_stops_at_the_end_it_found_while_the_hook_dead_letters_again(
+    bus_settings: BusSettings,
+) -> None:
+    """A re-fed letter the hook dead-letters again while the replay runs lands after the end the
+    replay started from: it is not re-fed again (the replay once chased its own tail, re-feeding
+    16 letters 48 times)."""
+    keys = Keys(bus_settings.prefix)
+    client = Redis.from_url(bus_settings.redis_url)
+    again = redis.Redis.from_url(bus_settings.redis_url)
+    try:
+        for n in range(3):
+            await client.xadd(keys.hook_dlq("h1"), {"source": "s", "reason": "r", "data": f"{n}"})
+
+        def dead_lettered_again(count: int) -> None:  # as the hook would, at once
+            for _ in range(count):
+                again.xadd(keys.hook_dlq("h1"), {"source": "s", "reason": "r", "data": "x"})
+
+        refed = await replay_dead_letters(client, keys, "h1", progress=dead_lettered_again)
+        assert refed == 3
+        assert await client.xlen(keys.replay("h1")) == 3
+        assert await client.xlen(keys.hook_dlq("h1")) == 3  # the three new ones, left for later
+    finally:
+        await client.aclose()
+        again.close()

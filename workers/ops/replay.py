@@ -182,6 +182,14 @@ async def replay_dead_letters(
     another unit wrote is never re-fed. Records of lost entries, letters whose message was cut
     to a prefix, and letters with no message stay."""
     stream = keys.hook_dlq(hook)
+    if upto == "+":
+        # The end as it is now: a re-fed letter the hook dead-letters again during the replay
+        # lands after it and is not re-fed a second time (nor a third: the replay would chase
+        # its own tail).
+        last: Any = await redis.xrevrange(stream, count=1)
+        if not last:
+            return 0
+        upto = _text(last[0][0])
     total = 0
     cursor = "-"
     while True:
