@@ -225,3 +225,36 @@ async def test_an_idle_replica_sends_a_few_commands_per_blocking_wait(tmp_path: 
             stop.set()
             await task
             await admin.aclose()
+
+
+async def test_a_heartbeat_dated_in_the_future_is_not_a_live_replica() -> None:
+    """A replicas member an hour ahead (a skewed clock, or one written by hand with the hook's
+    credential) is not live: the one real replica reads every partition, and `hooks list`
+    counts one live replica (the ghost once kept its share of the partitions unread
+    for as long as its score stayed ahead)."""
+    from tests.remote_hooks import ScriptedAsync
+    from workers.ops.hooks import replica_counts
+    from workers.services.async_worker import AsyncHookWorker
+
+    with RedisServer() as server:
+        settings = BusSettings(redis_url=server.url, prefix="ghost", partitions=3)
+        keys = Keys(settings.prefix, settings.partitions)
+        admin = Redis.from_url(server.url)
+        seconds, _ = await admin.time()
+        await admin.zadd(keys.replicas("Ghosted"), {"ghost-1#0": (seconds + 3600) * 1000})
+        worker = AsyncHookWorker(ScriptedAsync(AsyncConfig(name="Ghosted")), settings)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await wait_for(worker.registered.is_set, 30, "registration")
+            await wait_for(
+                lambda: set(keys.event_partitions) <= set(worker._reading), 15,
+                "the one live replica to read every partition",
+            )  # fmt: skip
+            now = (await admin.time())[0] * 1000
+            counts = await replica_counts(admin, keys, "Ghosted", settings.liveness_secs, now)
+            assert counts.live == 1 and counts.live_members == (worker.replica,)
+        finally:
+            stop.set()
+            await task
+            await admin.aclose()

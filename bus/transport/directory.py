@@ -140,11 +140,14 @@ class HookDirectory:
         self.breakglass = self._read_breakglass(glass)
         modes = {_text(k): _text(v) for k, v in overrides.items()}
         names = sorted(_text(m) for m in members)
-        live_since = self.clock.now_ms() - self._liveness_ms
+        now = self.clock.now_ms()
+        # A heartbeat dated more than the liveness window ahead (a skewed clock, a member written
+        # by hand) is not live either: it would count a replica no one runs.
+        live_since, live_until = now - self._liveness_ms, now + self._liveness_ms
         async with self._redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.get(self._keys.manifest(name))
-                pipe.zrange(self._keys.replicas(name), live_since, "+inf", byscore=True)
+                pipe.zrange(self._keys.replicas(name), live_since, live_until, byscore=True)
                 pipe.hgetall(self._keys.clocks(name))
             replies = await pipe.execute()
         raw = {

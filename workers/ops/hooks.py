@@ -205,7 +205,8 @@ async def replica_counts(
             scores[member] = float(score)
     if not scores:
         return ReplicaCounts(stopped_secs=stopped)
-    live = [m for m, s in scores.items() if now - s <= liveness_secs * 1000]
+    # Not in the future either (by more than the window): such a heartbeat is no live replica.
+    live = [m for m, s in scores.items() if abs(now - s) <= liveness_secs * 1000]
     return ReplicaCounts(
         live=len({process_of(m) for m in live}),
         processes=len({process_of(m) for m in scores}),

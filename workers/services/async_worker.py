@@ -740,10 +740,11 @@ class AsyncHookWorker:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.manifest(self.group))
             pipe.zadd(replicas, {self.replica: now})
-            # ZRANGE … BYSCORE, not ZRANGEBYSCORE: the hook's ACL user has +zrange (acl.py)
-            pipe.zrange(
-                replicas, now - int(self.settings.liveness_secs * 1000), "+inf", byscore=True
-            )
+            # ZRANGE … BYSCORE, not ZRANGEBYSCORE: the hook's ACL user has +zrange (acl.py).
+            # Bounded on both sides: a heartbeat dated in the future (a skewed clock, or a
+            # member written by hand) is not a live replica, or its share would go unread.
+            window = int(self.settings.liveness_secs * 1000)
+            pipe.zrange(replicas, now - window, now + window, byscore=True)
             if self.clock.measured:
                 pipe.hset(self.keys.clocks(self.group), self.replica, self.clock.offset_ms)
             problem = hook_problem(self.hook)
