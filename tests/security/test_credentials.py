@@ -12,10 +12,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
+from bus.protocol import HookManifest, encode
+from tests.harness import ROOT
 from tests.security.conftest import KEYS, AclServer, Attacker
 
 MAX_ID = "18446744073709551615-18446744073709551615"
@@ -308,3 +313,32 @@ def test_the_service_credentials_cannot_forge_what_they_do_not_write(
             ("SADD", KEYS.tenants, "evil"),
         ]  # fmt: skip
     run_all(acl, who, attacks)
+
+
+def test_a_hook_credential_cannot_put_terminal_escapes_on_the_operators_screen(
+    acl: AclServer, attacker: Any
+) -> None:
+    """A hook's user writes its replicas' problems (``hooks list`` shows them): an escape
+    sequence written there (a window title, a cleared screen, a forged line) reaches the
+    operator's terminal escaped, and a flood of text is cut to a few hundred characters."""
+    rogue: Attacker = attacker("hook-Rogue")
+    r = rogue.redis
+    manifest = HookManifest(name="Rogue", kind="sync", events=["PreToolUse"], registered_at=1)
+    assert r.set(KEYS.manifest("Rogue"), encode(manifest)) and r.sadd(KEYS.hooks, "Rogue")
+    seconds, _ = acl.admin.time()
+    members = {f"h-{n}-ab": seconds * 1000 for n in range(8)}
+    r.zadd(KEYS.replicas("Rogue"), members)
+    for n, member in enumerate(members):
+        r.hset(KEYS.problems("Rogue"), member, f"\x1b]0;owned\x07\x1b[2J{n}\r\n" + "x" * 5000)
+    shown = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "hooks", "list"],
+        env={**os.environ, "HOOKBUS_REDIS_URL": acl.url("operator"), "COLUMNS": "100000",
+             "NO_COLOR": "1"},
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if "Rogue" in line]
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\r" not in shown.stdout
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in row
+    assert row.count("\\x1b]0;owned") == 5 and "and 3 more" in row
+    assert len(row) < 5 * 600

@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 
 from bus.errors import HookBusError, InvalidInputError, ProtocolError
 from bus.hooks import MODES
+from bus.logfmt import one_line
 from bus.protocol import (
     PROTOCOL_VERSION,
     ControlMessage,
@@ -224,7 +225,21 @@ async def live_problems(redis: Redis, keys: Keys, name: str, members: tuple[str,
     if not members:
         return ""
     said: Any = await redis.hgetall(keys.problems(name))  # the operator's ACL user has no HMGET
-    return "; ".join(sorted({_text(v) for k, v in said.items() if _text(k) in members}))
+    # Written by the hook's own Redis user: shown escaped (no terminal escape sequence reaches
+    # the operator's screen), each cut to PROBLEM_CHARS, at most PROBLEMS_SHOWN of them.
+    texts = sorted({_shown(_text(v)) for k, v in said.items() if _text(k) in members})
+    more = len(texts) - PROBLEMS_SHOWN
+    return "; ".join(texts[:PROBLEMS_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+
+
+#: How much of one replica's problem ``hooks list`` shows, and how many different ones.
+PROBLEM_CHARS = 500
+PROBLEMS_SHOWN = 5
+
+
+def _shown(text: str) -> str:
+    text = one_line(text)
+    return text if len(text) <= PROBLEM_CHARS else text[: PROBLEM_CHARS - 1] + "…"
 
 
 async def replica_summary(
