@@ -95,6 +95,9 @@ from bus.transport.redis_io import (
     retire_replica,
     xadd_dead_letter,
 )
+from bus.transport.redis_io import (
+    close as close_client,
+)
 from bus.transport.retention import Gap, Retention, group_backlogs
 from workers.services.probes import Health
 from workers.services.worker import idle_while_removed
@@ -273,7 +276,7 @@ class AsyncHookWorker:
             await asyncio.gather(keeper, return_exceptions=True)
             with contextlib.suppress(*UNREACHABLE):
                 await self.deregister()
-            await self.redis.aclose()
+            await close_client(self.redis)  # with the per-node clients a cluster opened
             close = getattr(self.hook, "close", None)
             if callable(close):
                 result = close()

@@ -82,6 +82,9 @@ from bus.transport.redis_io import (
     refuse_retired,
     retire_replica,
 )
+from bus.transport.redis_io import (
+    close as close_client,
+)
 from bus.transport.retention import group_backlogs
 from workers.services.loading import load_hook as load_hook  # where callers have found it
 from workers.services.loopwatch import LoopWatch, hook_codes
@@ -333,7 +336,7 @@ class HookWorker:
             if watch is not None:
                 watch.stop()
             self.health.stopping()
-            await self.redis.aclose()
+            await close_client(self.redis)  # with the per-node clients a cluster opened
             close = getattr(self.hook, "close", None) if self.owns_hook else None
             if callable(close):  # let the hook release what it holds (files, connections)
                 result = close()
