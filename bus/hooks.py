@@ -298,6 +298,12 @@ def check_methods(
     for method in [*table.values(), *(("on_batch", "on_audit") if is_async else ())]:
         if _overrides(hook, base, method) and (why := not_async(getattr(hook, method))):
             raise ConfigError(f"hook {name}: {method}() {why}")
+    ask = getattr(hook, "problem", None)
+    if inspect.iscoroutinefunction(ask) or inspect.isasyncgenfunction(ask):
+        raise ConfigError(
+            f"hook {name}: problem() is async; it is asked at each heartbeat and must be a plain "
+            'def returning one line ("" when well)'
+        )
     batches = is_async and getattr(hook, "handles_batches", False)
     if batches and not _overrides(hook, base, "on_batch"):
         problems.append("handles_batches is set but on_batch() is not implemented")

@@ -29,6 +29,14 @@ class Misspelt(_Guard):
         return Block(reason="guarded")
 
 
+class AsyncProblem(_Guard):
+    async def pre_tool_use(self, ctx: Any) -> Any:
+        return Block(reason="guarded")
+
+    async def problem(self) -> str:  # asked at each heartbeat, never awaited
+        return "the rules file is missing"
+
+
 class WrongType(_Guard):
     async def pre_tool_use(self, ctx: Any) -> Any:
         return "block it"

@@ -42,6 +42,8 @@ MISTAKES = [
             "`async def pre_tool_use(self, ctx)`"),
     Mistake("Misspelt", refused="pre_tooluse() is not a method an AgentHook is called with: "
             "did you mean 'pre_tool_use'?"),
+    Mistake("AsyncProblem", refused="hook AsyncProblem: problem() is async; it is asked at "
+            "each heartbeat and must be a plain def returning one line"),
     Mistake("WrongType", kind="error",
             reason=f"hook WrongType failed: answered str; {ACCEPTS} (failure_policy=fail)",
             worker_log=(f"hook WrongType failed on PreToolUse: answered str; {ACCEPTS}",)),
