@@ -258,3 +258,68 @@ async def test_a_heartbeat_dated_in_the_future_is_not_a_live_replica() -> None:
             stop.set()
             await task
             await admin.aclose()
+
+
+async def test_a_replica_runs_partitions_side_by_side_and_each_session_in_order() -> None:
+    """docs/writing-hooks.md: a replica reads each of its partitions in a lane of its own, so
+    ``on_batch`` calls for different partitions run side by side in one process (a batch here
+    waits for another to run beside it: with one batch at a time it never would); one session's
+    events reach the hook in order."""
+    from bus.events import HookEvent, StepCompleteContext
+    from bus.hooks import AsyncAgentHook, DeliveredEvent
+    from bus.protocol import DATA_FIELD, EventMessage, encode, new_id, now_ms, raw
+    from workers.services.async_worker import AsyncHookWorker
+
+    with RedisServer() as server:
+        settings = BusSettings(redis_url=server.url, prefix="lanes", partitions=3)
+        keys = Keys(settings.prefix, settings.partitions)
+        sessions = sessions_covering(keys, per_partition=1)
+        seen: dict[str, list[int]] = {s: [] for s in sessions}
+        beside, running, peak = asyncio.Event(), 0, 0
+
+        class Overlap(AsyncAgentHook):
+            name = "Overlap"
+            subscribed_events = (HookEvent.ON_STEP_COMPLETE,)
+            handles_batches = True
+
+            async def on_batch(self, batch: Any) -> None:
+                nonlocal running, peak
+                running += 1
+                peak = max(peak, running)
+                if running > 1:
+                    beside.set()
+                try:  # the hook's own work: wait (bounded) for a batch of another lane
+                    await asyncio.wait_for(beside.wait(), 5)
+                except TimeoutError:
+                    pass
+                finally:
+                    running -= 1
+                for delivered in batch:
+                    assert isinstance(delivered, DeliveredEvent)
+                    ctx = delivered.context
+                    seen[ctx.session_id].append(ctx.step)
+
+        worker = AsyncHookWorker(Overlap(), settings)
+        admin = Redis.from_url(server.url)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await wait_for(worker.registered.is_set, 30, "registration")
+            for step in range(20):
+                for sid in sessions:
+                    ctx = StepCompleteContext(session_id=sid, step=step, max_steps=100)
+                    message = EventMessage(
+                        id=new_id(), ts=now_ms(), event=HookEvent.ON_STEP_COMPLETE,
+                        session_id=sid, context=raw(ctx),
+                    )  # fmt: skip
+                    stream = keys.event_partitions[keys.partition(sid)]
+                    await admin.xadd(stream, {DATA_FIELD: encode(message)})
+            await wait_for(
+                lambda: sum(map(len, seen.values())) == 20 * len(sessions), 60, "every event"
+            )
+            assert all(steps == list(range(20)) for steps in seen.values()), seen
+            assert peak >= 2
+        finally:
+            stop.set()
+            await task
+            await admin.aclose()
