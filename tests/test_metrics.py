@@ -363,3 +363,19 @@ def test_dead_letters_and_lost_entries_the_transport_counts_reach_the_metrics() 
     tracing.count_lost("g", "s", 3)
     assert sample("hookbus_dead_letters_total", source="g") == dead + 2
     assert sample("hookbus_entries_lost_total", group="g", stream="s") == lost + 3
+
+
+def test_a_scrape_within_a_second_of_the_last_gets_the_same_body() -> None:
+    """Encoding every series costs tens of milliseconds on the serving event loop, and the
+    gateway's /metrics takes no token: scrapes within ``SCRAPE_CACHE_SECS`` share one body, so
+    a flood of them encodes once a second (per format) however many arrive."""
+    from bus.telemetry import metrics, tracing
+
+    first, kind = metrics.exposition(None, now=10_000.0)
+    tracing.count_dead_letters("cached", 1)
+    assert metrics.exposition(None, now=10_000.5) == (first, kind)  # the same bytes
+    assert b'source="cached"' not in first
+    fresh, _ = metrics.exposition(None, now=10_000.0 + metrics.SCRAPE_CACHE_SECS)
+    assert b'hookbus_dead_letters_total{source="cached"} 1.0' in fresh
+    openmetrics, other = metrics.exposition("application/openmetrics-text", now=10_000.5)
+    assert other != kind and b'source="cached"' in openmetrics  # each format its own

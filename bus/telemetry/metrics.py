@@ -31,6 +31,7 @@ sessions or tenants, so the series stay few.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -279,7 +280,22 @@ def _spans() -> Iterator[Metric]:
 REGISTRY.register(_Scraped())
 
 
-def exposition(accept: str | None) -> tuple[bytes, str]:
-    """The body and content type of a scrape: OpenMetrics when ``accept`` asks for it."""
+#: A scrape within this many seconds of the last one (of the same format) gets the same body.
+#: Encoding every series takes tens of milliseconds on the event loop, and the gateway serves
+#: /metrics without a token on the port tenants reach: a flood of scrapes must not hold up
+#: their decisions. Prometheus scrapes every 15 s or so; a second's staleness costs it nothing.
+SCRAPE_CACHE_SECS = 1.0
+_scraped: dict[str, tuple[float, bytes]] = {}
+
+
+def exposition(accept: str | None, now: float | None = None) -> tuple[bytes, str]:
+    """The body and content type of a scrape: OpenMetrics when ``accept`` asks for it; the
+    last body of that format again if it is younger than ``SCRAPE_CACHE_SECS``."""
     encode, content_type = choose_encoder(accept or "")
-    return encode(REGISTRY), content_type
+    at = time.monotonic() if now is None else now
+    last = _scraped.get(content_type)
+    if last is not None and 0 <= at - last[0] < SCRAPE_CACHE_SECS:
+        return last[1], content_type
+    body = encode(REGISTRY)
+    _scraped[content_type] = (at, body)
+    return body, content_type
