@@ -19,6 +19,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -311,16 +312,46 @@ async def _settled(redis: Redis, stream: str) -> bool:
 
 
 def test_the_figures_in_the_docs_are_the_policys() -> None:
-    """docs/reliability.md states the redelivery schedule at the defaults; it is this one."""
+    """docs/reliability.md, docs/writing-hooks.md and docs/protocol.md state the redelivery
+    schedule at the defaults and the loops' figures; they are these."""
     claim_idle = BusSettings().claim_idle_secs
     assert claim_idle == 1.0
+    ids = [f"{1700000000000 + i}-0".encode() for i in range(2000)]
     bounds = [
-        (min(redelivery_idle_ms(n, f"{i}-0".encode(), claim_idle) for i in range(2000)),
-         max(redelivery_idle_ms(n, f"{i}-0".encode(), claim_idle) for i in range(2000)))
-        for n in range(1, 6)
+        (min(redelivery_idle_ms(n, i, claim_idle) for i in ids),
+         max(redelivery_idle_ms(n, i, claim_idle) for i in ids))
+        for n in range(1, 5)
     ]  # fmt: skip
     assert bounds[0] == (1000, 1000)
     assert [(round(lo / 1000), round(hi / 1000)) for lo, hi in bounds[1:]] == [
-        (1, 2), (2, 4), (4, 8), (8, 16)
+        (1, 2), (2, 4), (4, 8)
     ]  # fmt: skip
-    assert REDELIVERY_CAP_SECS == 60.0
+    assert REDELIVERY_CAP_SECS == 60.0 and AsyncHookWorker.__init__.__kwdefaults__ is not None
+    assert AsyncHookWorker.__init__.__kwdefaults__["max_deliveries"] == 5
+    root = Path(__file__).resolve().parent.parent
+    docs = {name: " ".join((root / "docs" / name).read_text().split()) for name in
+            ("reliability.md", "writing-hooks.md", "protocol.md")}  # fmt: skip
+    assert (
+        "delivered again 1 s after the failure (`claim_idle_secs`), then 1–2 s, 2–4 s and 4–8 s"
+        in docs["reliability.md"]
+    )
+    assert "at most 60 s apart" in docs["reliability.md"]
+    assert (
+        "dead-lettered once, 1 s after its fifth failure (`max_deliveries`)"
+        in docs["reliability.md"]
+    )
+    assert (
+        "delivered again, 1 s after the failure, then 1–2 s, 2–4 s and 4–8 s"
+        in docs["writing-hooks.md"]
+    )
+    assert "at most 60 s apart); after its fifth failure" in docs["writing-hooks.md"]
+    assert "at the defaults 1 s, then 1–2 s, 2–4 s, 4–8 s" in docs["protocol.md"]
+    assert "redelivered 1 s, then 1–2 s, 2–4 s, 4–8 s after each failure" in docs["protocol.md"]
+    assert (coordinator_module.INBOX_RETRY_FIRST_SECS, coordinator_module.INBOX_RETRY_CAP_SECS) == (
+        0.05,
+        1.0,
+    )
+    assert "inbox reader from 0.05 s to at most 1 s" in docs["reliability.md"]
+    assert (redis_io.CONSUME_RETRY_FIRST_SECS, redis_io.CONSUME_RETRY_CAP_SECS) == (0.1, 2.0)
+    assert (worker_module.RETRY_FIRST_SECS, worker_module.RETRY_CAP_SECS) == (0.1, 2.0)
+    assert "registration, from 0.1 s to at most 2 s" in docs["reliability.md"]
