@@ -34,6 +34,8 @@ from bus.transport import redis_io
 from bus.transport.backoff import REDELIVERY_CAP_SECS, Backoff, redelivery_idle_ms
 from bus.transport.coordinator import Coordinator
 from bus.transport.keys import Keys
+from bus.transport.redis_io import TRIMMED
+from bus.transport.retention import Retention
 from tests.harness import wait_for
 from tests.hooks_for_tests import Recorder
 from workers.services import worker as worker_module
@@ -253,21 +255,30 @@ async def test_a_failing_async_hook_is_retried_at_growing_intervals_then_dead_le
     Redis's delivery to the hook's call). The thresholds the worker used (its log) are those,
     and grow. After the fifth failure the entry is dead-lettered once, with its reason and
     count, and the hook is not called again. The old worker claimed every retry once idle past
-    ``claim_idle_secs``, whatever the count: its fourth interval was at most about 1 s."""
+    ``claim_idle_secs``, whatever the count: its fourth interval was at most about 1 s.
+    A pending entry that was cut from the stream meanwhile (a dead replica's) is still a dead
+    letter, "trimmed before it was handled", counted as lost."""
     caplog.set_level(logging.DEBUG, "hookbus.async")
     keys = Keys(bus_settings.prefix)
     redis = Redis.from_url(bus_settings.redis_url)
     hook = Failing()
     worker = AsyncHookWorker(hook, bus_settings, start="0", max_deliveries=5)
     stream = keys.event_partitions[0]
+    cut = await redis.xadd(stream, {DATA_FIELD: encode(tool_event("cut"))})
+    await Retention(redis, keys).create_group(stream, "Failing", "0")
+    await redis.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)  # pending there
+    assert await redis.xdel(stream, cut) == 1  # as the hard cap cuts
     entry_id = await redis.xadd(stream, {DATA_FIELD: encode(tool_event("poison"))})
     await redis.xadd(stream, {DATA_FIELD: encode(tool_event("fine"))})
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     try:
-        letters = await wait_for(
-            lambda: redis.xrange(keys.hook_dlq("Failing")), 60, "the poison event's dead letter"
-        )
+
+        async def poison_letter() -> list[Any]:
+            letters: Any = await redis.xrange(keys.hook_dlq("Failing"))
+            return [f for _, f in letters if f[b"entry_id"] == entry_id]
+
+        await wait_for(poison_letter, 60, "the poison event's dead letter")
         await wait_for(lambda: _settled(redis, stream), 30, "nothing of the group pending")
     finally:
         stop.set()
@@ -280,11 +291,14 @@ async def test_a_failing_async_hook_is_retried_at_growing_intervals_then_dead_le
         for interval, threshold in zip(intervals, thresholds, strict=True):
             assert interval >= threshold / 1000 - 0.25, (intervals, thresholds)
 
-        [(_, fields)] = letters
-        assert fields[b"entry_id"] == entry_id and fields[b"deliveries"] == b"5"
+        letters: Any = await redis.xrange(keys.hook_dlq("Failing"))
+        by_entry = {f[b"entry_id"]: f for _, f in letters}
+        assert len(letters) == len(by_entry) == 2  # once each
+        fields = by_entry[entry_id]
+        assert fields[b"deliveries"] == b"5"
         assert b"RuntimeError: cannot take session poison" in fields[b"reason"]
-        assert await redis.xlen(keys.hook_dlq("Failing")) == 1
-        assert worker.stats["dead_lettered"] == 1
+        assert by_entry[cut][b"reason"].startswith(TRIMMED.encode())
+        assert worker.stats["dead_lettered"] == 1 and worker.stats["lost"] == 1
 
         claims = [
             record.args
