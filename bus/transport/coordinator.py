@@ -97,8 +97,7 @@ AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
 REQUEUE_LIMIT = 10_000
 #: The inbox reader's retries while Redis is unreachable: the first delay at most 0.05 s,
-#: doubling to at most 1 s, each between
-#: half its ceiling and its ceiling (bus/transport/backoff.py).
+#: doubling to at most 1 s, each between half its ceiling and its ceiling (transport/backoff.py).
 INBOX_RETRY_FIRST_SECS, INBOX_RETRY_CAP_SECS = 0.05, 1.0
 #: The longest a dispatch waits to learn a new session's own hooks.
 SESSION_LOOKUP_SECS = 0.5

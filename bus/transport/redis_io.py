@@ -61,8 +61,7 @@ TRIMMED = "trimmed before it was handled"
 
 SOCKET_TIMEOUT = 10.0
 #: :func:`consume`'s retries while Redis is unreachable: the first delay at most 0.1 s, doubling
-#: to at most 2 s, each between
-#: half its ceiling and its ceiling (bus/transport/backoff.py).
+#: to at most 2 s, each between half its ceiling and its ceiling (bus/transport/backoff.py).
 CONSUME_RETRY_FIRST_SECS, CONSUME_RETRY_CAP_SECS = 0.1, 2.0
 
 
