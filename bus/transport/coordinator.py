@@ -72,6 +72,7 @@ from bus.runner import EventRunner, check_context, inspected
 from bus.selection import select
 from bus.settings import BusSettings, HookSettings
 from bus.telemetry import tracing as telemetry
+from bus.transport.backoff import Backoff
 from bus.transport.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.transport.directory import HookDirectory, RemoteTarget
 from bus.transport.keys import Keys, session_digest
@@ -95,6 +96,9 @@ INBOX_TTL_MS = 60_000
 AUDIT_MAXLEN = hard_cap(BusSettings().audit_maxlen)
 #: The most unsent messages kept for the next flush while Redis hangs.
 REQUEUE_LIMIT = 10_000
+#: The inbox reader's retries while Redis is unreachable: the first delay at most 0.05 s,
+#: doubling to at most 1 s, each between half its ceiling and its ceiling (transport/backoff.py).
+INBOX_RETRY_FIRST_SECS, INBOX_RETRY_CAP_SECS = 0.05, 1.0
 #: The longest a dispatch waits to learn a new session's own hooks.
 SESSION_LOOKUP_SECS = 0.5
 #: The largest reply read for any request: an answer without content (events whose actions
@@ -701,7 +705,7 @@ class Coordinator(EventRunner):
     # -- the inbox: one long-lived reader resolves every waiting request -----------------------
 
     async def _read_inbox(self) -> None:
-        backoff = 0.05
+        backoff = Backoff(INBOX_RETRY_FIRST_SECS, INBOX_RETRY_CAP_SECS)
         conn: Any = None  # the reader's own connection: no trip through the pool per read
         try:
             while not self._closed:
@@ -713,11 +717,11 @@ class Coordinator(EventRunner):
                     [popped] = await pipelined(self.redis, [read], conn)
                     if isinstance(popped, Exception):
                         raise popped
-                    backoff = 0.05
+                    backoff.reset()
                 except (RedisError, OSError) as exc:
-                    log.warning("inbox reader lost Redis (%s); retrying in %.2fs", exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 1.0)
+                    delay = backoff.next()
+                    log.warning("inbox reader lost Redis (%s); retrying in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
                     continue
                 if popped:
                     await self._take(cast(list[bytes], popped[1]))

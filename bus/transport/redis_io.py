@@ -42,6 +42,7 @@ from bus.protocol import DATA_FIELD, RetiredHook, now_ms, retired_hook
 from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, cluster_seeds
 from bus.telemetry import tracing as telemetry
+from bus.transport.backoff import Backoff
 from bus.transport.directory import read_manifest
 from bus.transport.keys import DLQ_DATA_BYTES, DLQ_MAXLEN, Keys
 
@@ -59,6 +60,9 @@ TRIMMED = "trimmed before it was handled"
 
 
 SOCKET_TIMEOUT = 10.0
+#: :func:`consume`'s retries while Redis is unreachable: the first delay at most 0.1 s, doubling
+#: to at most 2 s, each between half its ceiling and its ceiling (bus/transport/backoff.py).
+CONSUME_RETRY_FIRST_SECS, CONSUME_RETRY_CAP_SECS = 0.1, 2.0
 
 
 def permanent(exc: BaseException, conn: Any = None) -> RedisAuthError | None:
@@ -740,7 +744,7 @@ async def consume(
     recreated; while Redis is unreachable the loop backs off and retries (it never dies).
     The reader keeps a connection of its own (:func:`held_connection`): a read is on the path
     of every request, and a trip through the pool costs 15-30 µs of CPU."""
-    backoff = 0.1
+    backoff = Backoff(CONSUME_RETRY_FIRST_SECS, CONSUME_RETRY_CAP_SECS)
     conn: Any = None
     try:
         while not stop.is_set():
@@ -750,7 +754,7 @@ async def consume(
                 entries = await read_group(
                     redis, group, consumer, stream, count=count, block_ms=200, conn=conn
                 )
-                backoff = 0.1
+                backoff.reset()
             except ResponseError as exc:
                 if group_lost(exc):
                     log.warning("%s or its group %s vanished; recreating it", stream, group)
@@ -758,21 +762,21 @@ async def consume(
                         await recreate()
                     except UNREACHABLE as lost:  # tried again at the next read
                         log.warning("could not recreate %s (%s); retrying", group, lost)
-                        await asyncio.sleep(backoff)
+                        await asyncio.sleep(backoff.next())
                 else:
                     log.error("Redis refused a read of %s (%s); retrying", stream, exc)
-                    await asyncio.sleep(backoff)
+                    await asyncio.sleep(backoff.next())
                 continue
             except UNREACHABLE as exc:
-                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                delay = backoff.next()
+                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
                 continue
             try:
                 await handle(entries)
             except UNREACHABLE as exc:  # lost while handling: what was not acknowledged stays
                 log.warning("Redis unreachable while handling %s (%s); retrying", stream, exc)
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(backoff.next())
             except Exception:  # no message stops the loop; what was not acknowledged is claimed
                 _failures.error("handling a batch of %s failed", stream, exc_info=True)
     finally:

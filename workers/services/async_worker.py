@@ -15,19 +15,21 @@
   ``on_audit``) gets the whole batch in one call; if that call fails, the batch is halved until
   the entries it fails on are alone, so one poison entry holds back no other.
 * At least once: an entry is acknowledged only after the hook returned. One that failed stays
-  pending; once idle past ``claim_idle_secs`` the replica reading its stream claims it
-  (XAUTOCLAIM, once per ``claim_idle_secs``) and runs it again, so a replica killed mid-batch
-  loses nothing.
+  pending; once idle past the backoff for its delivery count (``claim_idle_secs`` after the
+  first delivery, then doubling with jitter: bus/transport/backoff.py) the replica reading its
+  stream claims it (XPENDING IDLE, then XCLAIM, once per ``claim_idle_secs``) and runs it
+  again, so a replica killed mid-batch loses nothing and a failing hook is retried at growing
+  intervals.
 * Once without faults: while the hook runs (within its timeout), the keep-alive keeps the
   replica's in-flight entries its own (XCLAIM … JUSTID resets their idle time, as the sync
   worker does), so a hook slower than ``claim_idle_secs`` is not run again by another replica.
 * Nothing lost silently: reads go through bus/transport/retention.py, which counts and reports what
-  a stream's hard cap cut before the group read it; a pending entry the cap cut (XAUTOCLAIM's
-  deleted ids) becomes a dead letter, "trimmed before it was handled". Every replica runs the
-  retention pass on the streams it reads.
+  a stream's hard cap cut before the group read it; a pending entry the cap cut (one XCLAIM
+  does not return and the stream no longer has) becomes a dead letter, "trimmed before it was
+  handled". Every replica runs the retention pass on the streams it reads.
 * Dead letters (the hook's own ``{p}:hook:{NAME}:dlq``): a malformed entry goes there at once;
-  an entry delivered more than ``max_deliveries`` times goes there with the hook, the last
-  failure and the delivery count.
+  an entry delivered ``max_deliveries`` times goes there, ``claim_idle_secs`` after its last
+  failure, with the hook, the last failure and the delivery count.
 * A lost stream or group (NOGROUP) is recreated and logged. Stopping finishes the batch in hand,
   acknowledges it, and leaves the rest pending for the other replicas.
 
@@ -76,6 +78,7 @@ from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings, HookSettings
 from bus.telemetry import metrics
 from bus.telemetry import tracing as telemetry
+from bus.transport.backoff import redelivery_idle_ms
 from bus.transport.clock import START_SAMPLES, RedisClock
 from bus.transport.directory import write_manifest
 from bus.transport.keys import DLQ_MAXLEN, Keys, check_name
@@ -758,26 +761,51 @@ class AsyncHookWorker:
         return retired_hook(current) is not None
 
     async def _claim(self, stream: str) -> None:
-        """Take over entries another replica left idle past ``claim_idle_secs`` (it died or
-        froze): they go to the read loop, or to the dead letters past ``max_deliveries``.
-        Pending entries the hard cap cut (XAUTOCLAIM's deleted ids) are dead-lettered."""
-        idle_ms = int(self.settings.claim_idle_secs * 1000)
-        result: Any = await self.redis.xautoclaim(
-            stream, self.group, self.replica, idle_ms, start_id="0-0", count=self.batch_size
-        )
+        """Take over entries left pending (their hook failed, or their replica died or froze)
+        once idle past the backoff for their delivery count (:func:`redelivery_idle_ms`:
+        ``claim_idle_secs`` after the first delivery, then doubling, jittered): they go to the
+        read loop, or to the dead letters past ``max_deliveries`` (idle ``claim_idle_secs`` after
+        the last try). Each is claimed with ``XCLAIM`` at its own idle threshold, so a replica
+        that claimed it first wins; a pending entry the hard cap cut is dead-lettered.
+
+        Why not ``XAUTOCLAIM``: it claims every entry past one idle time, whatever its count.
+        ``XPENDING … IDLE`` lists the candidates with their counts, ``COUNT`` ten times the
+        batch, as ``XAUTOCLAIM`` scans at most ten times its ``COUNT``."""
+        floor_ms = int(self.settings.claim_idle_secs * 1000)
         held = self._in_flight[stream]
-        deleted = [i for i in (result[2] if len(result) > 2 else []) if i not in held]
-        if deleted:
-            await self.retention.record_trimmed(stream, self.group, deleted)
-            self.stats["lost"] += len(deleted)
-        claimed = [(i, f) for i, f in cast(list[Entry], result[1]) if f is not None]
-        claimed = [(i, f) for i, f in claimed if i not in held]
+        rows: Any = await self.redis.xpending_range(
+            stream, self.group, "-", "+", self.batch_size * 10, idle=floor_ms
+        )
+        due: dict[int, list[bytes]] = {}  # idle threshold (ms) → the entries due at it
+        counts: dict[bytes, int] = {}
+        for row in rows:
+            entry_id, n = row["message_id"], int(row["times_delivered"])
+            if entry_id in held or len(counts) >= self.batch_size:
+                continue
+            last = n >= self.max_deliveries
+            idle_ms = floor_ms if last else redelivery_idle_ms(n, entry_id, floor_ms / 1000)
+            if int(row["time_since_delivered"]) < idle_ms:
+                continue
+            counts[entry_id] = n + 1  # XCLAIM counts a delivery
+            due.setdefault(idle_ms, []).append(entry_id)
+            log.debug(
+                "%s: %s of %s delivered %d times, idle past %d ms: claimed",
+                self.group, entry_id.decode(), stream, n, idle_ms,
+            )  # fmt: skip
+        if not due:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for idle_ms, ids in due.items():
+                pipe.xclaim(stream, self.group, self.replica, idle_ms, ids)
+            replies = await pipe.execute()
+        returned = [(i, f) for reply in replies for i, f in cast(list[Entry], reply) if f]
+        await self._record_cut(stream, [i for i in counts if i not in dict(returned)])
+        claimed = [(i, f) for i, f in returned if i not in held]
         if not claimed:
             return
         self.stats["claimed"] += len(claimed)
-        counts = await self._deliveries(stream, [i for i, _ in claimed])
-        retry = [(i, f) for i, f in claimed if counts.get(i, 1) <= self.max_deliveries]
-        give_up = [(i, f) for i, f in claimed if counts.get(i, 1) > self.max_deliveries]
+        retry = [(i, f) for i, f in claimed if counts[i] <= self.max_deliveries]
+        give_up = [(i, f) for i, f in claimed if counts[i] > self.max_deliveries]
         if give_up:
             await self._bury(stream, give_up, counts)
         if retry:
@@ -785,12 +813,20 @@ class AsyncHookWorker:
             self._claimed[stream].append(retry)
             self._wake[stream].set()
 
-    async def _deliveries(self, stream: str, ids: list[bytes]) -> dict[bytes, int]:
-        rows: Any = await self.redis.xpending_range(
-            stream, self.group, min=ids[0], max=ids[-1], count=len(ids) * 2 + 10,
-            consumername=self.replica,
-        )  # fmt: skip
-        return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+    async def _record_cut(self, stream: str, missed: list[bytes]) -> None:
+        """Of the entries due that ``XCLAIM`` did not return, those gone from the stream were
+        cut by the hard cap while pending (``XCLAIM`` drops them from the group): dead letters.
+        The others another replica claimed first."""
+        if not missed:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id in missed:
+                pipe.xrange(stream, entry_id, entry_id)
+            found = await pipe.execute()
+        deleted = [i for i, rows in zip(missed, found, strict=True) if not rows]
+        if deleted:
+            await self.retention.record_trimmed(stream, self.group, deleted)
+            self.stats["lost"] += len(deleted)
 
     async def _bury(self, stream: str, entries: list[Entry], counts: dict[bytes, int]) -> None:
         """Dead-letter entries that failed ``max_deliveries`` times, with the last reason."""

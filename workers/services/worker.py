@@ -60,6 +60,7 @@ from bus.ratelog import RateLimitedLog
 from bus.settings import BusSettings
 from bus.telemetry import metrics
 from bus.telemetry import tracing as telemetry
+from bus.transport.backoff import Backoff
 from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.transport.directory import read_manifest, write_manifest
 from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
@@ -93,6 +94,8 @@ from workers.services.probes import Health
 log = logging.getLogger("hookbus.worker")
 _failures = RateLimitedLog(log)
 REPLY_TTL_MS = 60_000
+#: Registration's retries while Redis is unreachable (:meth:`HookWorker._retry`).
+RETRY_FIRST_SECS, RETRY_CAP_SECS = 0.1, 2.0
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
@@ -374,15 +377,17 @@ class HookWorker:
         )  # fmt: skip
 
     async def _retry(self, fn: Any, stop: asyncio.Event) -> None:
-        backoff = 0.1
+        """Call ``fn`` until it succeeds or ``stop`` is set, backing off while Redis is
+        unreachable: at most 0.1 s first, doubling to at most 2 s (bus/transport/backoff.py)."""
+        backoff = Backoff(RETRY_FIRST_SECS, RETRY_CAP_SECS)
         while not stop.is_set():
             try:
                 await fn()
                 return
             except (RedisError, OSError) as exc:
-                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                delay = backoff.next()
+                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
         await consume(
