@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis
 import yaml
@@ -294,12 +295,14 @@ def test_check_commands_exit_0_with_a_live_service_and_1_without(
         1,
         f"hookbus: hook SecretGuard has no replica in {prefix}:hook:{{SecretGuard}}:replicas",
     )
-    # A live replica on another host: live, but not here.
+    # A live replica on another host: live, but not here (a heartbeat dated ahead is not live,
+    # so the check is given a liveness window longer than it takes to start).
     keys = Keys(prefix)
     with redis.Redis.from_url(s.redis_url) as r:
-        r.zadd(keys.replicas("SecretGuard"), {"elsewhere-42-beef": now_ms() + 60_000})
-    assert hookbus(s, "worker", guard, "--check")[0] == 0
-    assert hookbus(s, "worker", guard, "--check", "--here") == (
+        r.zadd(keys.replicas("SecretGuard"), {"elsewhere-42-beef": now_ms()})
+    patient = msgspec.structs.replace(s, liveness_secs=120.0)
+    assert hookbus(patient, "worker", guard, "--check")[0] == 0
+    assert hookbus(patient, "worker", guard, "--check", "--here") == (
         1,
         f"hookbus: hook SecretGuard has no replica on {host} in "
         f"{prefix}:hook:{{SecretGuard}}:replicas",

@@ -273,12 +273,15 @@ def test_a_hook_answering_in_another_hooks_name_is_dropped_and_counted(
     r.set(KEYS.manifest("Rogue"), encode(manifest))
     r.sadd(KEYS.hooks, "Rogue")
     r.xgroup_create(KEYS.requests("Rogue"), "workers", id="0", mkstream=True)
-    r.zadd(KEYS.replicas("Rogue"), {f"{socket.gethostname()}-1-abcd": now_ms() + 600_000})
+    beat = {f"{socket.gethostname()}-1-abcd": now_ms()}  # dated ahead, it would not be live
+    r.zadd(KEYS.replicas("Rogue"), beat)
     r.publish(KEYS.control, encode(ControlMessage(type="manifest", name="Rogue")))
     decisions: list[str] = []
 
     def asked() -> HookRequest | None:
-        """Ask (acme, rm) in the background until the coordinator asks Rogue too."""
+        """Ask (acme, rm) in the background until the coordinator asks Rogue too (Rogue's
+        heartbeat kept fresh meanwhile, as a replica's)."""
+        r.zadd(KEYS.replicas("Rogue"), {member: now_ms() for member in beat})
         thread = threading.Thread(target=lambda: decisions.append(bus.acme.tool("s1", "rm")))
         thread.start()
         # Well within the client's socket timeout (redis-py 8: 5 s), however loaded the machine.
