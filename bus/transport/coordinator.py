@@ -76,6 +76,8 @@ from bus.transport.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.transport.directory import HookDirectory, RemoteTarget
 from bus.transport.keys import Keys, session_digest
 from bus.transport.redis_io import (
+    Lane,
+    Lanes,
     check_partitions,
     connect,
     dead_letter,
@@ -191,8 +193,9 @@ class Coordinator(EventRunner):
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
         self._delivering = False  # the inbox reader is waking dispatches: it sends for them
-        self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
-        self._send_conn: Any = None  # the flushes' own connection (they run one at a time)
+        #: One send lane per master (one on a single node): one batch at a time on each keeps
+        #: every stream's entries in order; a slow or dead master delays only its own lane.
+        self._lanes = Lanes(self.redis)
         self._session_hooks: dict[str, frozenset[str]] = {}
         self._by_digest: dict[str, str] = {}  # session_digest(sid) → sid, for control notes
         self._stale_sessions: set[str] = set()
@@ -254,6 +257,7 @@ class Coordinator(EventRunner):
         await self.drain(timeout=5)
         if self._outbox:
             await self._flush()
+        await self._lanes.idle(timeout=5)
         self._wake.set()
         # The loops notice _closed within one short poll; cancelling a redis-py command in
         # flight can leave it waiting on its connection, so cancellation is only the fallback.
@@ -261,8 +265,7 @@ class Coordinator(EventRunner):
             _, late = await asyncio.wait(self._tasks, timeout=3)
             for task in late:
                 task.cancel()
-        if self._send_conn is not None:
-            await release_held(self.redis, self._send_conn)
+        await self._lanes.release(self.redis)
         await close_client(self.redis)
 
     async def __aenter__(self) -> Coordinator:
@@ -650,15 +653,47 @@ class Coordinator(EventRunner):
             self._flushing = False
 
     async def _flush(self) -> None:
-        async with self._flush_lock:
-            self._flushing = False
-            batch, self._outbox = self._outbox, []
-            if batch:
+        """Send what the outbox holds, each master's share in its own lane (:class:`Lanes`).
+        A lane already sending takes its share next; an idle one starts now: here when the
+        whole batch is one lane's (the dispatch's own round trip, as on one node), else each
+        in a task of its own, so that no dispatch waits on another master's lane."""
+        self._flushing = False
+        batch, self._outbox = self._outbox, []
+        if not batch:
+            return
+        shares = self._lanes.split(batch, _stream_of)
+        ready: list[Lane] = []
+        for lane, items in shares.items():
+            lane.pending += items
+            if not lane.busy:
+                lane.start()
+                ready.append(lane)
+        if len(shares) == 1 and ready:
+            await self._drive(ready[0])
+        else:
+            for lane in ready:
+                self.spawn(self._drive(lane))
+
+    async def _drive(self, lane: Lane) -> None:
+        """Send ``lane``'s pending batches, one at a time, until it has none (it is started:
+        :meth:`Lane.start`). Cancelled (a dispatch's deadline passed while its master hung):
+        what it held goes back to the outbox, for the next flush."""
+        fresh = True
+        try:
+            while lane.pending:
+                batch, lane.pending = lane.pending, []
+                if not fresh:  # gathered while the lane sent: requests given up on stay out
+                    batch = [i for i in batch if i[3] is None or self._still_waited(i[3])]
+                fresh = False
                 try:
-                    await self._send(batch)
+                    await self._send(batch, lane)
                 except asyncio.CancelledError:
+                    batch += lane.pending
+                    lane.pending = []
                     self._requeue(batch)
                     raise
+        finally:
+            lane.stop()
 
     def _still_waited(self, request_id: str) -> bool:
         future = self._waiting.get(request_id)
@@ -676,16 +711,16 @@ class Coordinator(EventRunner):
             kept = kept[dropped:]
         self._outbox[:0] = kept
 
-    async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
-        if self._send_conn is None:  # kept: no trip through the pool per flush (redis_io.py)
+    async def _send(self, batch: list[tuple[str, bytes, int, str | None]], lane: Lane) -> None:
+        if lane.conn is None:  # kept: no trip through the pool per flush (redis_io.py)
             with contextlib.suppress(RedisError, OSError):  # else the pool's, which says why
-                self._send_conn = await held_connection(self.redis)
+                lane.conn = await held_connection(self.redis)
         results = await xadd_batch(
             self.redis,
             [(stream, payload, maxlen) for stream, payload, maxlen, _ in batch],
             replicas=self.bus.durable_replicas,
             wait_ms=self.bus.durable_wait_ms,
-            conn=self._send_conn,
+            conn=lane.conn,
         )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
@@ -908,6 +943,10 @@ class Coordinator(EventRunner):
                 await asyncio.sleep(0.2)
             finally:
                 await pubsub.aclose()
+
+
+def _stream_of(item: tuple[str, bytes, int, str | None]) -> str:
+    return item[0]
 
 
 class _Unknown:
