@@ -681,10 +681,24 @@ async def xadd_batch(
     return results
 
 
+#: The least time between two slot-map refreshes of one client (:func:`_refresh_slots`).
+REFRESH_SLOTS_SECS = 0.25
+_REFRESHED = "_hookbus_slots_refreshed"
+
+
 async def _refresh_slots(cluster: RedisCluster) -> None:
     """Learn the cluster's new slot map (a failover moved slots) before the next batch. The
     nodes redis-py drops from its map are disconnected here: it would leave their connections
-    to the garbage collector (unclosed sockets to a dead master)."""
+    to the garbage collector (unclosed sockets to a dead master).
+
+    At most one every ``REFRESH_SLOTS_SECS`` per client, and none while one runs: a master
+    that stays down (no replica to promote) fails every batch of its own lane, and a refresh
+    for each (a connection to every seed, ``CLUSTER SLOTS``) took the CPU that the lanes of
+    the healthy masters need (their decisions/s halved in test_chaos_outage)."""
+    loop = asyncio.get_running_loop()
+    if loop.time() < cluster.__dict__.get(_REFRESHED, -math.inf) + REFRESH_SLOTS_SECS:
+        return
+    cluster.__dict__[_REFRESHED] = loop.time()
     manager = cluster.nodes_manager
     before = list(manager.nodes_cache.values())
     try:
@@ -692,6 +706,8 @@ async def _refresh_slots(cluster: RedisCluster) -> None:
     except (RedisError, RedisClusterException, OSError) as exc:
         log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
         return
+    finally:
+        cluster.__dict__[_REFRESHED] = loop.time()
     kept = {id(node) for node in manager.nodes_cache.values()}
     for node in before:
         if id(node) not in kept:
