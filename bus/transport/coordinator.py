@@ -684,6 +684,11 @@ class Coordinator(EventRunner):
                 batch, lane.pending = lane.pending, []
                 if not fresh:  # gathered while the lane sent: requests given up on stay out
                     batch = [i for i in batch if i[3] is None or self._still_waited(i[3])]
+                    if len(batch) > REQUEUE_LIMIT:  # a master that hangs: its lane is bounded
+                        dropped = len(batch) - REQUEUE_LIMIT
+                        self.stats["publish_failures"] += dropped
+                        log.warning("a master is not taking messages; %d unsent dropped", dropped)
+                        batch = batch[dropped:]
                 fresh = False
                 try:
                     await self._send(batch, lane)

@@ -23,6 +23,7 @@ import hiredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
 from redis.asyncio.cluster import ClusterNode
+from redis.cluster import PRIMARY
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -256,6 +257,29 @@ class ClusterClient(RedisCluster):
         if key is None:
             return await super()._determine_slot(command, *args)
         return self.keyslot(key)
+
+    async def _refresh_topology(self, *args: Any, **kwargs: Any) -> None:
+        """redis-py's refresh of the slot map, with the command table (fetched once) taken
+        from the first node of the new map that answers. redis-py asks only its default node,
+        the first master the map lists; while that master was down (not yet failed over, or
+        with no replica) no new client could start, whatever master its keys were on. The node
+        that answered becomes the default one (keyless commands: ``TIME``)."""
+        try:
+            await super()._refresh_topology(*args, **kwargs)
+        except (RedisError, OSError):
+            manager = self.nodes_manager
+            if self.commands_parser.commands or manager.default_node is None:
+                raise  # the map itself could not be read: redis-py says why
+            failed = manager.default_node
+            others = [*manager.get_nodes_by_server_type(PRIMARY), *manager.nodes_cache.values()]
+            for node in dict.fromkeys(n for n in others if n is not failed):
+                try:
+                    await self.commands_parser.initialize(node)
+                except (RedisError, OSError):
+                    continue
+                manager.default_node = node
+                return
+            raise
 
 
 def routing_key(command: Any, args: Sequence[Any]) -> Any:

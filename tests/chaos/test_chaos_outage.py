@@ -42,7 +42,9 @@ from agent_adapter.client import HookClient
 from bus import HookEvent, HookSettings, MutateInput
 from bus.events import PreToolUseContext
 from bus.settings import BusSettings
+from bus.transport.clock import offset_from
 from bus.transport.keys import Keys
+from bus.transport.redis_io import close, connect
 from tests.chaos.conftest import Ledger
 from tests.chaos.load import CHAOS_EVENTS_MAXLEN, GUARD_TIMEOUT, SLACK
 from tests.harness import Processes, wait_for, wait_live
@@ -278,3 +280,24 @@ async def test_one_masters_outage_costs_only_the_sessions_whose_keys_it_holds(
     else:
         assert not any(blocked_elsewhere.values()), blocked_elsewhere
     assert max(load.slowest.values()) <= GUARD_TIMEOUT + SLACK
+
+
+async def test_a_process_starts_while_a_master_is_down() -> None:
+    """A new process (a restarted pod, a scale-out) connects while the master redis-py would
+    ask first (slot 0's) is down for good: it learns the command table from another node and
+    reaches the keys of the healthy masters (it could not before: bus/transport/redis_io.py,
+    ``ClusterClient._refresh_topology``)."""
+    with cluster_of(replicas=0, full_coverage=False) as cluster:
+        masters = master_ports(cluster)
+        victim = masters[0]
+        seed = next(n for n in cluster.nodes if n.port != victim)
+        cluster.kill_master(victim)
+        healthy = next(k for k in (f"k{i}" for i in itertools.count())
+                       if masters[key_slot(k.encode())] != victim)  # fmt: skip
+        settings = BusSettings(redis_url=seed.url.replace("redis://", "redis+cluster://", 1))
+        redis = connect(settings)
+        try:
+            assert await redis.set(healthy, "1")
+            assert await offset_from(redis)  # TIME: a keyless command, to the default node
+        finally:
+            await close(redis)
