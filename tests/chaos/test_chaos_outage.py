@@ -20,8 +20,9 @@ the healthy masters must not notice the outage.
   Ledger handles every event published on the healthy masters after the kill.
 * Redis's default, ``cluster-require-full-coverage yes``: once a master is flagged as failed and
   while no replica serves its slots, a master that sees it so refuses every command
-  (``CLUSTERDOWN``): sessions whose keys are elsewhere are blocked too (with a replica, only
-  until it is promoted; they are decided again after it).
+  (``CLUSTERDOWN``): with no replica, sessions whose keys are elsewhere are blocked too; with
+  one, they may be until it is promoted (how many depends on when each master sees the flag:
+  from 2 to 4,614 in the runs of docs/scaling.md), and are decided again after it.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ async def test_one_masters_outage_costs_only_the_sessions_whose_keys_it_holds(
     assert all(load.checked[s] > 0 for s in sessions)
     assert full_coverage or after, "no event published on the healthy masters after the kill"
     blocked_elsewhere = {s: len(load.blocked[s]) for s in healthy}
-    if full_coverage:  # a master refuses every key while it sees a slot without a master
+    if full_coverage and not replicas:  # a master that sees a slot without one refuses all
         assert any(blocked_elsewhere.values()), blocked_elsewhere
     else:
         assert not any(blocked_elsewhere.values()), blocked_elsewhere
