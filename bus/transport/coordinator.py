@@ -196,6 +196,7 @@ class Coordinator(EventRunner):
         #: One send lane per master (one on a single node): one batch at a time on each keeps
         #: every stream's entries in order; a slow or dead master delays only its own lane.
         self._lanes = Lanes(self.redis)
+        self._asking: str | None = None  # the stream of the request queued last (_request)
         self._session_hooks: dict[str, frozenset[str]] = {}
         self._by_digest: dict[str, str] = {}  # session_digest(sid) → sid, for control notes
         self._stale_sessions: set[str] = set()
@@ -604,6 +605,7 @@ class Coordinator(EventRunner):
         future.add_done_callback(lambda _: self._forget(request.id))
         stream = self.directory.requests(hook, request.session_id)
         self._enqueue(stream, payload, self.bus.requests_maxlen, request.id, False)
+        self._asking = stream  # the dispatch sends it (_send_requests) before it next awaits
         return future
 
     def _forget(self, request_id: str) -> None:
@@ -643,8 +645,9 @@ class Coordinator(EventRunner):
         """A dispatch's requests go out now, or, when the inbox reader's replies woke this
         dispatch, with every other dispatch they woke, in the reader's one round trip: agents
         that share a client share round trips too."""
+        own, self._asking = self._asking, None
         if not self._delivering:
-            await self._flush()
+            await self._flush(own)
 
     def _schedule_flush(self) -> None:
         if self._outbox:
@@ -652,27 +655,34 @@ class Coordinator(EventRunner):
         else:
             self._flushing = False
 
-    async def _flush(self) -> None:
+    async def _flush(self, own: str | None = None) -> None:
         """Send what the outbox holds, each master's share in its own lane (:class:`Lanes`).
-        A lane already sending takes its share next; an idle one starts now: here when the
-        whole batch is one lane's (the dispatch's own round trip, as on one node), else each
-        in a task of its own, so that no dispatch waits on another master's lane."""
+        A lane already sending takes its share next; an idle one starts now. On one node (one
+        lane) it is sent here. On a cluster, here only the lane of ``own``, the stream of the
+        calling dispatch's own request: the dispatch waits on its own master only, never on
+        another's (a dead one, a durable ``WAIT`` without a replica); every other lane is sent
+        in a task of its own, and so is every lane when the inbox reader flushes."""
         self._flushing = False
         batch, self._outbox = self._outbox, []
         if not batch:
             return
-        shares = self._lanes.split(batch, _stream_of)
         ready: list[Lane] = []
-        for lane, items in shares.items():
+        for lane, items in self._lanes.split(batch, _stream_of).items():
             lane.pending += items
             if not lane.busy:
                 lane.start()
                 ready.append(lane)
-        if len(shares) == 1 and ready:
+        if not ready:
+            return
+        if self._lanes.cluster is None:
             await self._drive(ready[0])
-        else:
-            for lane in ready:
+            return
+        inline = None if own is None else self._lanes.lane(own)
+        for lane in ready:
+            if lane is not inline:
                 self.spawn(self._drive(lane))
+        if inline is not None and inline in ready:
+            await self._drive(inline)
 
     async def _drive(self, lane: Lane) -> None:
         """Send ``lane``'s pending batches, one at a time, until it has none (it is started:
