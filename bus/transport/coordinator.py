@@ -77,6 +77,8 @@ from bus.transport.clock import MAX_SKEW_MS, START_SAMPLES, RedisClock, describe
 from bus.transport.directory import HookDirectory, RemoteTarget
 from bus.transport.keys import Keys, session_digest
 from bus.transport.redis_io import (
+    Lane,
+    Lanes,
     check_partitions,
     connect,
     dead_letter,
@@ -195,8 +197,10 @@ class Coordinator(EventRunner):
         self._outbox: list[tuple[str, bytes, int, str | None]] = []
         self._flushing = False
         self._delivering = False  # the inbox reader is waking dispatches: it sends for them
-        self._flush_lock = asyncio.Lock()  # one batch on the wire at a time keeps events in order
-        self._send_conn: Any = None  # the flushes' own connection (they run one at a time)
+        #: One send lane per master (one on a single node): one batch at a time on each keeps
+        #: every stream's entries in order; a slow or dead master delays only its own lane.
+        self._lanes = Lanes(self.redis)
+        self._asking: str | None = None  # the stream of the request queued last (_request)
         self._session_hooks: dict[str, frozenset[str]] = {}
         self._by_digest: dict[str, str] = {}  # session_digest(sid) → sid, for control notes
         self._stale_sessions: set[str] = set()
@@ -258,6 +262,7 @@ class Coordinator(EventRunner):
         await self.drain(timeout=5)
         if self._outbox:
             await self._flush()
+        await self._lanes.idle(timeout=5)
         self._wake.set()
         # The loops notice _closed within one short poll; cancelling a redis-py command in
         # flight can leave it waiting on its connection, so cancellation is only the fallback.
@@ -265,8 +270,7 @@ class Coordinator(EventRunner):
             _, late = await asyncio.wait(self._tasks, timeout=3)
             for task in late:
                 task.cancel()
-        if self._send_conn is not None:
-            await release_held(self.redis, self._send_conn)
+        await self._lanes.release(self.redis)
         await close_client(self.redis)
 
     async def __aenter__(self) -> Coordinator:
@@ -605,6 +609,7 @@ class Coordinator(EventRunner):
         future.add_done_callback(lambda _: self._forget(request.id))
         stream = self.directory.requests(hook, request.session_id)
         self._enqueue(stream, payload, self.bus.requests_maxlen, request.id, False)
+        self._asking = stream  # the dispatch sends it (_send_requests) before it next awaits
         return future
 
     def _forget(self, request_id: str) -> None:
@@ -644,8 +649,9 @@ class Coordinator(EventRunner):
         """A dispatch's requests go out now, or, when the inbox reader's replies woke this
         dispatch, with every other dispatch they woke, in the reader's one round trip: agents
         that share a client share round trips too."""
+        own, self._asking = self._asking, None
         if not self._delivering:
-            await self._flush()
+            await self._flush(own)
 
     def _schedule_flush(self) -> None:
         if self._outbox:
@@ -653,16 +659,60 @@ class Coordinator(EventRunner):
         else:
             self._flushing = False
 
-    async def _flush(self) -> None:
-        async with self._flush_lock:
-            self._flushing = False
-            batch, self._outbox = self._outbox, []
-            if batch:
+    async def _flush(self, own: str | None = None) -> None:
+        """Send what the outbox holds, each master's share in its own lane (:class:`Lanes`).
+        A lane already sending takes its share next; an idle one starts now. On one node (one
+        lane) it is sent here. On a cluster, here only the lane of ``own``, the stream of the
+        calling dispatch's own request: the dispatch waits on its own master only, never on
+        another's (a dead one, a durable ``WAIT`` without a replica); every other lane is sent
+        in a task of its own, and so is every lane when the inbox reader flushes."""
+        self._flushing = False
+        batch, self._outbox = self._outbox, []
+        if not batch:
+            return
+        ready: list[Lane] = []
+        for lane, items in self._lanes.split(batch, _stream_of).items():
+            lane.pending += items
+            if not lane.busy:
+                lane.start()
+                ready.append(lane)
+        if not ready:
+            return
+        if self._lanes.cluster is None:
+            await self._drive(ready[0])
+            return
+        inline = None if own is None else self._lanes.lane(own)
+        for lane in ready:
+            if lane is not inline:
+                self.spawn(self._drive(lane))
+        if inline is not None and inline in ready:
+            await self._drive(inline)
+
+    async def _drive(self, lane: Lane) -> None:
+        """Send ``lane``'s pending batches, one at a time, until it has none (it is started:
+        :meth:`Lane.start`). Cancelled (a dispatch's deadline passed while its master hung):
+        what it held goes back to the outbox, for the next flush."""
+        fresh = True
+        try:
+            while lane.pending:
+                batch, lane.pending = lane.pending, []
+                if not fresh:  # gathered while the lane sent: requests given up on stay out
+                    batch = [i for i in batch if i[3] is None or self._still_waited(i[3])]
+                    if len(batch) > REQUEUE_LIMIT:  # a master that hangs: its lane is bounded
+                        dropped = len(batch) - REQUEUE_LIMIT
+                        self.stats["publish_failures"] += dropped
+                        log.warning("a master is not taking messages; %d unsent dropped", dropped)
+                        batch = batch[dropped:]
+                fresh = False
                 try:
-                    await self._send(batch)
+                    await self._send(batch, lane)
                 except asyncio.CancelledError:
+                    batch += lane.pending
+                    lane.pending = []
                     self._requeue(batch)
                     raise
+        finally:
+            lane.stop()
 
     def _still_waited(self, request_id: str) -> bool:
         future = self._waiting.get(request_id)
@@ -680,16 +730,16 @@ class Coordinator(EventRunner):
             kept = kept[dropped:]
         self._outbox[:0] = kept
 
-    async def _send(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
-        if self._send_conn is None:  # kept: no trip through the pool per flush (redis_io.py)
+    async def _send(self, batch: list[tuple[str, bytes, int, str | None]], lane: Lane) -> None:
+        if lane.conn is None:  # kept: no trip through the pool per flush (redis_io.py)
             with contextlib.suppress(RedisError, OSError):  # else the pool's, which says why
-                self._send_conn = await held_connection(self.redis)
+                lane.conn = await held_connection(self.redis)
         results = await xadd_batch(
             self.redis,
             [(stream, payload, maxlen) for stream, payload, maxlen, _ in batch],
             replicas=self.bus.durable_replicas,
             wait_ms=self.bus.durable_wait_ms,
-            conn=self._send_conn,
+            conn=lane.conn,
         )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
@@ -912,6 +962,10 @@ class Coordinator(EventRunner):
                 await asyncio.sleep(0.2)
             finally:
                 await pubsub.aclose()
+
+
+def _stream_of(item: tuple[str, bytes, int, str | None]) -> str:
+    return item[0]
 
 
 class _Unknown:

@@ -23,6 +23,7 @@ import hiredis
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio import connection as redis_connection
 from redis.asyncio.cluster import ClusterNode
+from redis.cluster import PRIMARY
 from redis.exceptions import (
     AskError,
     AuthenticationError,
@@ -261,6 +262,29 @@ class ClusterClient(RedisCluster):
             return await super()._determine_slot(command, *args)
         return self.keyslot(key)
 
+    async def _refresh_topology(self, *args: Any, **kwargs: Any) -> None:
+        """redis-py's refresh of the slot map, with the command table (fetched once) taken
+        from the first node of the new map that answers. redis-py asks only its default node,
+        the first master the map lists; while that master was down (not yet failed over, or
+        with no replica) no new client could start, whatever master its keys were on. The node
+        that answered becomes the default one (keyless commands: ``TIME``)."""
+        try:
+            await super()._refresh_topology(*args, **kwargs)
+        except (RedisError, OSError):
+            manager = self.nodes_manager
+            if self.commands_parser.commands or manager.default_node is None:
+                raise  # the map itself could not be read: redis-py says why
+            failed = manager.default_node
+            others = [*manager.get_nodes_by_server_type(PRIMARY), *manager.nodes_cache.values()]
+            for node in dict.fromkeys(n for n in others if n is not failed):
+                try:
+                    await self.commands_parser.initialize(node)
+                except (RedisError, OSError):
+                    continue
+                manager.default_node = node
+                return
+            raise
+
 
 def routing_key(command: Any, args: Sequence[Any]) -> Any:
     """The one key of an ``XREADGROUP``/``XREAD`` of one stream or a ``BLMPOP`` of one list
@@ -302,6 +326,82 @@ async def release_held(redis: Redis, conn: Any) -> None:
         conn.clear()
     else:
         await redis.connection_pool.release(conn)
+
+
+class Lane:
+    """One master's share of a process's writes (on one node: all of them): what waits to be
+    sent, whether a send is under way (one at a time keeps each stream's entries in order),
+    and the connection the sends keep (:func:`held_connection`)."""
+
+    __slots__ = ("busy", "conn", "idle", "pending")
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.busy = False
+        self.conn: Any = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def start(self) -> None:
+        self.busy = True
+        self.idle.clear()
+
+    def stop(self) -> None:
+        self.busy = False
+        self.idle.set()
+
+
+class Lanes:
+    """A process's writes, one :class:`Lane` per cluster master.
+
+    Why: with one batch on the wire at a time for every master, one slow master held up the
+    writes to all of them: a durable write to a master without a replica waits out its
+    ``WAIT`` timeout (1 s by default), a write to a dead one its connection attempt, and
+    every session of the process waited behind it (issue 32: 16 decisions/s instead of ~750
+    for 26 s). Each master's lane sends on its own, so a master's trouble costs the writes to
+    its own keys only. A stream whose slot has no master in the client's map (mid-failover)
+    goes to a lane of its own. On one node there is one lane."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.cluster = cast(RedisCluster, redis) if isinstance(redis, RedisCluster) else None
+        self.lanes: dict[Any, Lane] = {}
+
+    def lane(self, stream: Any) -> Lane:
+        """The lane of the master that serves ``stream``, as the client's slot map says."""
+        address: Any = None
+        if self.cluster is not None:
+            try:
+                node = self.cluster.get_node_from_key(stream)
+                address = (node.host, int(node.port))
+            except RedisClusterException:  # mid-failover: no master serves the slot yet
+                address = "unmapped"
+        lane = self.lanes.get(address)
+        if lane is None:
+            lane = self.lanes[address] = Lane()
+        return lane
+
+    def split(self, items: Sequence[T], stream: Callable[[T], Any]) -> dict[Lane, list[T]]:
+        """``items`` by the lane of their stream, each lane's in their order."""
+        if self.cluster is None:
+            return {self.lane(None): list(items)}
+        shares: dict[Lane, list[T]] = {}
+        for item in items:
+            shares.setdefault(self.lane(stream(item)), []).append(item)
+        return shares
+
+    async def idle(self, timeout: float) -> None:
+        """Until no lane is sending, or ``timeout`` seconds passed."""
+        waits = [lane.idle.wait() for lane in self.lanes.values() if lane.busy]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*waits), timeout)
+
+    async def release(self, redis: Redis) -> None:
+        """Give back every lane's kept connection."""
+        for lane in self.lanes.values():
+            if lane.conn is not None:
+                conn, lane.conn = lane.conn, None
+                await release_held(redis, conn)
 
 
 async def pipelined(redis: Redis, commands: Sequence[Sequence[Any]], conn: Any = None) -> list[Any]:
@@ -603,15 +703,30 @@ async def xadd_batch(
             results[i] = result
 
     await asyncio.gather(*(share(a, i) for a, i in shares.items()))
-    if any(isinstance(r, Exception) for r in results):
+    # A master short of replicas answered (NotReplicated): its slots are where they were.
+    if any(isinstance(r, Exception) and not isinstance(r, NotReplicated) for r in results):
         await _refresh_slots(cluster)
     return results
+
+
+#: The least time between two slot-map refreshes of one client (:func:`_refresh_slots`).
+REFRESH_SLOTS_SECS = 0.25
+_REFRESHED = "_hookbus_slots_refreshed"
 
 
 async def _refresh_slots(cluster: RedisCluster) -> None:
     """Learn the cluster's new slot map (a failover moved slots) before the next batch. The
     nodes redis-py drops from its map are disconnected here: it would leave their connections
-    to the garbage collector (unclosed sockets to a dead master)."""
+    to the garbage collector (unclosed sockets to a dead master).
+
+    At most one every ``REFRESH_SLOTS_SECS`` per client, and none while one runs: a master
+    that stays down (no replica to promote) fails every batch of its own lane, and a refresh
+    for each (a connection to every seed, ``CLUSTER SLOTS``) took the CPU that the lanes of
+    the healthy masters need (their decisions/s halved in test_chaos_outage)."""
+    loop = asyncio.get_running_loop()
+    if loop.time() < cluster.__dict__.get(_REFRESHED, -math.inf) + REFRESH_SLOTS_SECS:
+        return
+    cluster.__dict__[_REFRESHED] = loop.time()
     manager = cluster.nodes_manager
     before = list(manager.nodes_cache.values())
     try:
@@ -619,6 +734,8 @@ async def _refresh_slots(cluster: RedisCluster) -> None:
     except (RedisError, RedisClusterException, OSError) as exc:
         log.warning("could not refresh the cluster's slot map (%s); retrying", exc)
         return
+    finally:
+        cluster.__dict__[_REFRESHED] = loop.time()
     kept = {id(node) for node in manager.nodes_cache.values()}
     for node in before:
         if id(node) not in kept:

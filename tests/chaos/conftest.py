@@ -18,11 +18,9 @@ import msgspec
 import pytest
 
 from bus.settings import BusSettings
+from tests.chaos.load import CHAOS_EVENTS_MAXLEN
 
 ROWS: list[tuple[str, dict[str, Any]]] = []
-#: The events stream keeps every event of a run: the ledger reads them all back (load.py), and
-#: retention trims what every group has handled once a stream passes its events_maxlen.
-CHAOS_EVENTS_MAXLEN = 10_000_000
 
 
 @pytest.fixture

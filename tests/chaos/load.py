@@ -23,6 +23,10 @@ from tests.harness import Processes, wait_for
 from tests.remote_hooks import AsyncConfig, HookConfig
 
 PRE = HookEvent.PRE_TOOL_USE
+#: The events stream keeps every event of a run: the ledger reads them all back (reconcile), and
+#: retention trims what every group has handled once a stream passes its events_maxlen. Every
+#: chaos test's settings carry it (the fixture's, and each private server's or cluster's).
+CHAOS_EVENTS_MAXLEN = 10_000_000
 GUARD_TIMEOUT = 1.0
 SLACK = 1.0  # event-loop lag on a loaded two-core machine; the figure is reported
 #: Guard has failure_policy "fail" and answers MutateInput({"x": -1}): a tool that runs with
@@ -72,7 +76,7 @@ async def reconcile(redis: Redis, keys: Keys, handled_file: Path) -> dict[str, i
     stream = keys.event_partitions[0]
     info: Any = await redis.xinfo_stream(stream)
     # Retention trims what every group has handled once the stream passes events_maxlen: the
-    # count below needs every event still there (tests/chaos/conftest.py raises the length).
+    # count below needs every event still there (CHAOS_EVENTS_MAXLEN).
     assert info["entries-added"] == info["length"], (
         f"{stream} was trimmed during the run ({info['entries-added']} added, "
         f"{info['length']} kept): raise CHAOS_EVENTS_MAXLEN"

@@ -31,7 +31,7 @@ from bus import HookEvent, HookSettings
 from bus.protocol import EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
 from bus.transport.keys import Keys
-from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, reconcile
+from tests.chaos.load import CHAOS_EVENTS_MAXLEN, GUARD_TIMEOUT, GuardedAgents, reconcile
 from tests.harness import wait_for
 from workers.testing import context
 
@@ -44,6 +44,7 @@ def settings_for(url: str) -> BusSettings:
         liveness_secs=1.0,
         claim_idle_secs=0.5,
         refresh_secs=0.2,
+        events_maxlen=CHAOS_EVENTS_MAXLEN,
     )
 
 

@@ -31,7 +31,7 @@ from bus.settings import BusSettings
 from bus.transport.keys import Keys
 from bus.transport.redis_io import close, connect, xadd_batch
 from tests.chaos.conftest import Ledger
-from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
+from tests.chaos.load import CHAOS_EVENTS_MAXLEN, GUARD_TIMEOUT, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live
 from workers.local.redis_cluster import LocalCluster
 from workers.ops.lag import consumer_lag
@@ -120,6 +120,7 @@ async def test_a_master_killed_under_load_is_replaced_and_decisions_fail_closed(
             liveness_secs=1.0,
             claim_idle_secs=0.5,
             refresh_secs=0.2,
+            events_maxlen=CHAOS_EVENTS_MAXLEN,
             durable_replicas=durable,
         )
         keys = Keys(settings.prefix)

@@ -32,7 +32,7 @@ from bus.protocol import EventMessage, encode, new_id, now_ms
 from bus.settings import BusSettings
 from bus.transport.keys import Keys
 from tests.chaos.conftest import Freezer, Ledger
-from tests.chaos.load import GUARD_TIMEOUT, GuardedAgents, Services
+from tests.chaos.load import CHAOS_EVENTS_MAXLEN, GUARD_TIMEOUT, GuardedAgents, Services
 from tests.harness import Processes, wait_for, wait_live
 from workers.local.redis_server import RedisServer
 from workers.testing import context
@@ -83,6 +83,7 @@ def private_settings(server: RedisServer) -> BusSettings:
         liveness_secs=1.0,
         claim_idle_secs=0.5,
         refresh_secs=0.2,
+        events_maxlen=CHAOS_EVENTS_MAXLEN,
     )
 
 
