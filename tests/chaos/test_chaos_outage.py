@@ -40,29 +40,22 @@ import pytest
 from redis.crc import key_slot
 
 from agent_adapter.client import HookClient
-from bus import HookEvent, HookSettings, MutateInput
+from bus import HookEvent, HookSettings
 from bus.events import PreToolUseContext
 from bus.settings import BusSettings
 from bus.transport.clock import offset_from
 from bus.transport.keys import Keys
 from bus.transport.redis_io import close, connect
 from tests.chaos.conftest import Ledger
-from tests.chaos.load import CHAOS_EVENTS_MAXLEN, GUARD_TIMEOUT, SLACK
+from tests.chaos.load import CHAOS_EVENTS_MAXLEN, GUARD, GUARD_TIMEOUT, SLACK
 from tests.harness import Processes, wait_for, wait_live
-from tests.remote_hooks import AsyncConfig, HookConfig
+from tests.remote_hooks import AsyncConfig
 from workers.local.redis_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 
 PRE = HookEvent.PRE_TOOL_USE
 PARTITIONS = SHARDS = 3
-GUARD = HookConfig(
-    name="Guard",
-    events=[PRE],
-    answers={PRE.value: MutateInput(updated_args={"x": -1})},
-    timeout=GUARD_TIMEOUT,
-    failure_policy="fail",
-)
 BEFORE, DURING = 2.0, 3.0  # seconds of load before the kill, and with the master gone
 
 
