@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from redis.asyncio import Redis
 
@@ -38,6 +39,7 @@ from bus.transport.redis_io import TRIMMED
 from bus.transport.retention import Retention
 from tests.harness import wait_for
 from tests.hooks_for_tests import Recorder
+from workers.ops.acl import HookUser, hook_rules
 from workers.services import worker as worker_module
 from workers.services.async_worker import AsyncHookWorker
 from workers.services.worker import HookWorker
@@ -369,3 +371,44 @@ def test_the_figures_in_the_docs_are_the_policys() -> None:
     assert (redis_io.CONSUME_RETRY_FIRST_SECS, redis_io.CONSUME_RETRY_CAP_SECS) == (0.1, 2.0)
     assert (worker_module.RETRY_FIRST_SECS, worker_module.RETRY_CAP_SECS) == (0.1, 2.0)
     assert "registration, from 0.1 s to at most 2 s" in docs["reliability.md"]
+
+
+async def test_a_pending_entry_the_cap_cut_is_dead_lettered_under_the_hooks_own_acl_user(
+    bus_settings: BusSettings,
+) -> None:
+    """The async worker's claim pass runs with the Redis user ``hookbus acl`` generates for
+    the hook: a pending entry the hard cap cut (a dead replica's) becomes a dead letter, counted
+    as lost (the check that it is gone, an XRANGE, was refused to that user, and the entry was
+    lost with no record at all)."""
+    admin = Redis.from_url(bus_settings.redis_url)
+    keys = Keys(bus_settings.prefix)
+    user = f"hook-acl-{new_id()[:6]}"
+    generated = hook_rules(HookUser(name="Failing", kind="async"))  # for the prefix hookbus
+    rules = generated.replace("hookbus:", f"{bus_settings.prefix}:").split()[1:]  # but "on"
+    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
+    stream = keys.event_partitions[0]
+    worker = None
+    try:
+        cut = await admin.xadd(stream, {DATA_FIELD: encode(tool_event("cut"))})
+        await Retention(admin, keys).create_group(stream, "Failing", "0")
+        await admin.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)
+        await admin.xdel(stream, cut)  # as the hard cap cuts
+        url = bus_settings.redis_url.replace("redis://", f"redis://{user}:pw@", 1)
+        settings = msgspec.structs.replace(bus_settings, redis_url=url)
+        worker = AsyncHookWorker(Failing(), settings, start="0", max_deliveries=5)
+        stop = asyncio.Event()
+        run = asyncio.create_task(worker.run(stop))
+        try:
+            await wait_for(
+                lambda: admin.xlen(keys.hook_dlq("Failing")), 30, "the cut entry's dead letter"
+            )
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
+        (letter,) = [f for _, f in await admin.xrange(keys.hook_dlq("Failing"))]
+        assert letter[b"entry_id"] == cut and TRIMMED.encode() in letter[b"reason"]
+        assert worker.stats["lost"] == 1
+        assert (await admin.xpending(stream, "Failing"))["pending"] == 0
+    finally:
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()

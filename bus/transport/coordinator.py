@@ -262,7 +262,12 @@ class Coordinator(EventRunner):
         await self.drain(timeout=5)
         if self._outbox:
             await self._flush()
-        await self._lanes.idle(timeout=5)
+        lanes = list(self._lanes.lanes.values())
+        with contextlib.suppress(TimeoutError):  # what the lanes still hold, sent once more
+            await asyncio.wait_for(asyncio.gather(*(self._send_lane(x) for x in lanes)), 5)
+        if unsent := sum(len(x.pending) for x in lanes):
+            self.stats["publish_failures"] += unsent
+            log.warning("closed with %d messages unsent (Redis did not take them)", unsent)
         self._wake.set()
         # The loops notice _closed within one short poll; cancelling a redis-py command in
         # flight can leave it waiting on its connection, so cancellation is only the fallback.
@@ -661,74 +666,84 @@ class Coordinator(EventRunner):
 
     async def _flush(self, own: str | None = None) -> None:
         """Send what the outbox holds, each master's share in its own lane (:class:`Lanes`).
-        A lane already sending takes its share next; an idle one starts now. On one node (one
-        lane) it is sent here. On a cluster, here only the lane of ``own``, the stream of the
-        calling dispatch's own request: the dispatch waits on its own master only, never on
-        another's (a dead one, a durable ``WAIT`` without a replica); every other lane is sent
-        in a task of its own, and so is every lane when the inbox reader flushes."""
+        On one node (one lane) it is sent here. On a cluster, here only the lane of ``own``,
+        the stream of the calling dispatch's own request: the dispatch waits on its own master
+        only, never on another's (a dead one, a durable ``WAIT`` without a replica); every
+        other lane is sent in a task of its own, and so is every lane when the inbox reader
+        flushes."""
         self._flushing = False
         batch, self._outbox = self._outbox, []
         if not batch:
             return
-        ready: list[Lane] = []
-        for lane, items in self._lanes.split(batch, _stream_of).items():
-            lane.pending += items
-            if not lane.busy:
-                lane.start()
-                ready.append(lane)
-        if not ready:
-            return
+        lanes = self._lanes.add(batch, _stream_of)
         if self._lanes.cluster is None:
-            await self._drive(ready[0])
+            await self._send_lane(lanes[0])
             return
         inline = None if own is None else self._lanes.lane(own)
-        for lane in ready:
+        for lane in lanes:
             if lane is not inline:
-                self.spawn(self._drive(lane))
-        if inline is not None and inline in ready:
-            await self._drive(inline)
+                self.spawn(self._send_lane(lane))
+        if inline is not None and inline in lanes:
+            await self._send_lane(inline)
 
-    async def _drive(self, lane: Lane) -> None:
-        """Send ``lane``'s pending batches, one at a time, until it has none (it is started:
-        :meth:`Lane.start`). Cancelled (a dispatch's deadline passed while its master hung):
-        what it held goes back to the outbox, for the next flush."""
-        fresh = True
+    async def _send_lane(self, lane: Lane) -> None:
+        """Send what ``lane`` holds, in one batch, once the send before it is done (one at a
+        time keeps each stream's entries in order). Whoever puts entries in a lane sends it
+        afterwards, so every entry goes out, in its own send or in one before that took it;
+        a send takes what is there and no more (a dispatch never sends for others until its
+        deadline). Cancelled (a dispatch's deadline passed while its master hung), waiting or
+        sending: what it took goes back ahead of what came since, and a task of its own sends
+        the lane again (part of it may have gone out already: at least once, as everywhere on
+        the bus)."""
+        batch: list[tuple[str, bytes, int, str | None]] = []
         try:
-            while lane.pending:
-                batch, lane.pending = lane.pending, []
-                if not fresh:  # gathered while the lane sent: requests given up on stay out
-                    batch = [i for i in batch if i[3] is None or self._still_waited(i[3])]
-                    if len(batch) > REQUEUE_LIMIT:  # a master that hangs: its lane is bounded
-                        dropped = len(batch) - REQUEUE_LIMIT
-                        self.stats["publish_failures"] += dropped
-                        log.warning("a master is not taking messages; %d unsent dropped", dropped)
-                        batch = batch[dropped:]
-                fresh = False
-                try:
+            async with lane.lock:
+                batch, lane.pending = self._wanted(lane.pending), []
+                if batch:
                     await self._send(batch, lane)
-                except asyncio.CancelledError:
-                    batch += lane.pending
-                    lane.pending = []
-                    self._requeue(batch)
-                    raise
+        except asyncio.CancelledError:
+            lane.pending[:0] = batch
+            batch = []
+            if not self._closed:
+                self.spawn(self._send_lane(lane))
+            raise
+        except Exception as exc:  # a send that failed otherwise than Redis answers
+            self._failed(batch, exc)
         finally:
-            lane.stop()
+            self._lanes.done(batch, _stream_of)
+
+    def _wanted(
+        self, items: list[tuple[str, bytes, int, str | None]]
+    ) -> list[tuple[str, bytes, int, str | None]]:
+        """``items`` but the requests nobody waits for any more, and at most
+        ``REQUEUE_LIMIT`` of them (a master that hangs: its lane is bounded; the oldest go)."""
+        kept: list[tuple[str, bytes, int, str | None]] = []
+        gone: list[tuple[str, bytes, int, str | None]] = []
+        for item in items:
+            (kept if item[3] is None or self._still_waited(item[3]) else gone).append(item)
+        if len(kept) > REQUEUE_LIMIT:
+            dropped = len(kept) - REQUEUE_LIMIT
+            self.stats["publish_failures"] += dropped
+            log.warning("a master is not taking messages; %d unsent dropped", dropped)
+            gone += kept[:dropped]
+            kept = kept[dropped:]
+        self._lanes.done(gone, _stream_of)
+        return kept
+
+    def _failed(self, batch: list[tuple[str, bytes, int, str | None]], exc: Exception) -> None:
+        """Every entry of ``batch`` failed with ``exc``: counted as a result that failed."""
+        for stream, _, _, request_id in batch:
+            if request_id is None:
+                self.stats["publish_failures"] += 1
+                _failures.warning("could not publish an event to %s: %s", stream, exc)
+                continue
+            future = self._waiting.get(request_id)
+            if future is not None and not future.done():
+                future.set_exception(HookUnreachable(f"Redis unreachable: {exc}"))
 
     def _still_waited(self, request_id: str) -> bool:
         future = self._waiting.get(request_id)
         return future is not None and not future.done()
-
-    def _requeue(self, batch: list[tuple[str, bytes, int, str | None]]) -> None:
-        """A send cut short (a dispatch's deadline passed while Redis hung): keep its events and
-        audit records, and the requests someone still waits for, for the next flush. Part of it
-        may have gone out already: at least once, as everywhere on the bus."""
-        kept = [item for item in batch if item[3] is None or self._still_waited(item[3])]
-        if len(kept) + len(self._outbox) > REQUEUE_LIMIT:
-            dropped = min(len(kept), len(kept) + len(self._outbox) - REQUEUE_LIMIT)
-            self.stats["publish_failures"] += dropped
-            log.warning("Redis is not taking messages; %d unsent ones dropped", dropped)
-            kept = kept[dropped:]
-        self._outbox[:0] = kept
 
     async def _send(self, batch: list[tuple[str, bytes, int, str | None]], lane: Lane) -> None:
         if lane.conn is None:  # kept: no trip through the pool per flush (redis_io.py)

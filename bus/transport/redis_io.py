@@ -330,25 +330,15 @@ async def release_held(redis: Redis, conn: Any) -> None:
 
 class Lane:
     """One master's share of a process's writes (on one node: all of them): what waits to be
-    sent, whether a send is under way (one at a time keeps each stream's entries in order),
+    sent, the lock that lets one send at a time go out (each stream's entries stay in order),
     and the connection the sends keep (:func:`held_connection`)."""
 
-    __slots__ = ("busy", "conn", "idle", "pending")
+    __slots__ = ("conn", "lock", "pending")
 
     def __init__(self) -> None:
         self.pending: list[Any] = []
-        self.busy = False
+        self.lock = asyncio.Lock()
         self.conn: Any = None
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-    def start(self) -> None:
-        self.busy = True
-        self.idle.clear()
-
-    def stop(self) -> None:
-        self.busy = False
-        self.idle.set()
 
 
 class Lanes:
@@ -360,14 +350,24 @@ class Lanes:
     every session of the process waited behind it (issue 32: 16 decisions/s instead of ~750
     for 26 s). Each master's lane sends on its own, so a master's trouble costs the writes to
     its own keys only. A stream whose slot has no master in the client's map (mid-failover)
-    goes to a lane of its own. On one node there is one lane."""
+    goes to a lane of its own. On one node there is one lane.
+
+    A stream stays in the lane it was given while any of its entries there is unsent or
+    in flight (``outstanding``): a failover that moves its slot while an older entry waits in
+    the old master's lane would otherwise let a newer one, in the new master's lane, overtake
+    it. Each send routes its commands by the slot map of the moment (``xadd_batch``)."""
 
     def __init__(self, redis: Redis) -> None:
         self.cluster = cast(RedisCluster, redis) if isinstance(redis, RedisCluster) else None
         self.lanes: dict[Any, Lane] = {}
+        self.outstanding: dict[Any, tuple[Lane, int]] = {}
 
     def lane(self, stream: Any) -> Lane:
-        """The lane of the master that serves ``stream``, as the client's slot map says."""
+        """The lane of ``stream``: the one it has entries outstanding in, else that of the
+        master which serves it, as the client's slot map says."""
+        held = self.outstanding.get(stream)
+        if held is not None:
+            return held[0]
         address: Any = None
         if self.cluster is not None:
             try:
@@ -380,21 +380,36 @@ class Lanes:
             lane = self.lanes[address] = Lane()
         return lane
 
-    def split(self, items: Sequence[T], stream: Callable[[T], Any]) -> dict[Lane, list[T]]:
-        """``items`` by the lane of their stream, each lane's in their order."""
+    def add(self, items: Sequence[T], stream: Callable[[T], Any]) -> list[Lane]:
+        """Put ``items`` in the lanes of their streams, in their order; the lanes they went to."""
         if self.cluster is None:
-            return {self.lane(None): list(items)}
-        shares: dict[Lane, list[T]] = {}
+            lane = self.lane(None)
+            lane.pending += items
+            return [lane] if items else []
+        touched: dict[Lane, None] = {}
         for item in items:
-            shares.setdefault(self.lane(stream(item)), []).append(item)
-        return shares
+            key = stream(item)
+            lane = self.lane(key)
+            held = self.outstanding.get(key)
+            self.outstanding[key] = (lane, 1 if held is None else held[1] + 1)
+            lane.pending.append(item)
+            touched[lane] = None
+        return list(touched)
 
-    async def idle(self, timeout: float) -> None:
-        """Until no lane is sending, or ``timeout`` seconds passed."""
-        waits = [lane.idle.wait() for lane in self.lanes.values() if lane.busy]
-        if waits:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*waits), timeout)
+    def done(self, items: Sequence[T], stream: Callable[[T], Any]) -> None:
+        """``items`` left their lane (sent, failed or dropped): their streams may follow the
+        slot map again once none of theirs is outstanding."""
+        if self.cluster is None:
+            return
+        for item in items:
+            key = stream(item)
+            held = self.outstanding.get(key)
+            if held is None:
+                continue
+            if held[1] <= 1:
+                del self.outstanding[key]
+            else:
+                self.outstanding[key] = (held[0], held[1] - 1)
 
     async def release(self, redis: Redis) -> None:
         """Give back every lane's kept connection."""

@@ -179,15 +179,16 @@ _HOOK_ROOT = "on resetchannels &hookbus:control -@all +ping +time +publish"
 _OWN = (
     "+get +set +zadd +zrem +zrange +hset +hdel +hgetall +hmget +hincrby +hincrbyfloat +expire "
     "+xgroup|create +xgroup|setid +xgroup|delconsumer +xreadgroup +xread +xack +xclaim "
-    "+xautoclaim +xpending +xlen +xinfo|groups +xinfo|stream +xtrim +evalsha"
+    "+xautoclaim +xpending +xrange +xlen +xinfo|groups +xinfo|stream +xtrim +evalsha"
 )
 #: What an async hook runs on the events partitions (and the audit trail if it follows it):
 #: reads as its group, through bus/transport/retention.py's scripts (EVALSHA; inside them XINFO,
 #: XGROUP CREATE/SETID, XREADGROUP — checked against this user's ACL), waits with XREAD BLOCK,
-#: claims, acknowledges, trims what every group has read.
+#: claims (XRANGE: whether a pending entry that XCLAIM did not return was cut by the hard cap),
+#: acknowledges, trims what every group has read.
 _FOLLOW = (
     "+evalsha +xgroup|create +xgroup|setid +xreadgroup +xread +xack +xclaim +xautoclaim "
-    "+xpending +xlen +xinfo|groups +xinfo|stream +xtrim"
+    "+xpending +xrange +xlen +xinfo|groups +xinfo|stream +xtrim"
 )
 
 
