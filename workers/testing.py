@@ -200,8 +200,10 @@ async def _live(client: HookClient, name: str) -> bool:
         return True
     if name not in client.directory.async_hooks:
         return False
-    since = client.directory.clock.now_ms() - int(client.bus.liveness_secs * 1000)
-    live: Any = await client.redis.zrange(client.keys.replicas(name), since, "+inf", byscore=True)
+    now, window = client.directory.clock.now_ms(), int(client.bus.liveness_secs * 1000)
+    live: Any = await client.redis.zrange(
+        client.keys.replicas(name), now - window, now + window, byscore=True
+    )  # a heartbeat dated ahead is not live either (bus/transport/directory.py)
     return bool(live)
 
 

@@ -318,12 +318,16 @@ def test_the_service_credentials_cannot_forge_what_they_do_not_write(
 def test_a_hook_credential_cannot_put_terminal_escapes_on_the_operators_screen(
     acl: AclServer, attacker: Any
 ) -> None:
-    """A hook's user writes its replicas' problems (``hooks list`` shows them): an escape
+    """A hook's user writes its manifest and its replicas' problems (``hooks list`` shows
+    them): an escape
     sequence written there (a window title, a cleared screen, a forged line) reaches the
     operator's terminal escaped, and a flood of text is cut to a few hundred characters."""
     rogue: Attacker = attacker("hook-Rogue")
     r = rogue.redis
-    manifest = HookManifest(name="Rogue", kind="sync", events=["PreToolUse"], registered_at=1)
+    manifest = HookManifest(
+        name="Rogue", kind="sync", events=["PreToolUse"], registered_at=1,
+        tool_names=["Bash\x1b]0;owned\x07"],
+    )  # fmt: skip
     assert r.set(KEYS.manifest("Rogue"), encode(manifest)) and r.sadd(KEYS.hooks, "Rogue")
     seconds, _ = acl.admin.time()
     members = {f"h-{n}-ab": seconds * 1000 for n in range(8)}
@@ -340,5 +344,6 @@ def test_a_hook_credential_cannot_put_terminal_escapes_on_the_operators_screen(
     (row,) = [line for line in shown.stdout.splitlines() if "Rogue" in line]
     assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\r" not in shown.stdout
     assert "\\x1b]0;owned\\x07\\x1b[2J" in row
-    assert row.count("\\x1b]0;owned") == 5 and "and 3 more" in row
+    assert "tool Bash\\x1b]0;owned\\x07" in row  # its manifest's pattern, escaped too
+    assert row.count("\\x1b]0;owned\\x07\\x1b[2J") == 5 and "and 3 more" in row
     assert len(row) < 5 * 600

@@ -90,8 +90,9 @@ async def skewed_replicas(
     beyond the bound, with that offset. ``offset_ms`` is this host's own, to judge liveness on
     Redis's clock."""
 
-    live_since = local_ms() - offset_ms - int(settings.liveness_secs * 1000)
-    live: Any = await redis.zrange(keys.replicas(hook), live_since, "+inf", byscore=True)
+    window = int(settings.liveness_secs * 1000)
+    now = local_ms() - offset_ms  # Redis's clock; a heartbeat dated ahead is not live either
+    live: Any = await redis.zrange(keys.replicas(hook), now - window, now + window, byscore=True)
     clocks: Any = await redis.hgetall(keys.clocks(hook))
     skewed = []
     for member in live:

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bus import limits
+from bus.logfmt import one_line
 from bus.protocol import AuditRecord
 from bus.transport.keys import DLQ_MAXLEN, Keys
 from workers.ops.common import _ago
@@ -57,7 +58,10 @@ _NUMERIC |= {"consumers", "idle", "deliveries", "value"}
 
 
 def _row(table: Table, *cells: object, style: str = "") -> None:
-    table.add_row(*(Text(str(c)) for c in cells), style=style or None)
+    """A row of cells shown as text, each escaped: much of what a table shows was written by a
+    hook's or a tenant's Redis user (a manifest's patterns, a problem), and an escape sequence
+    in it must not reach the operator's terminal."""
+    table.add_row(*(Text(one_line(str(c))) for c in cells), style=style or None)
 
 
 def _streams(r: HookRow, partitions: int) -> str:
