@@ -412,3 +412,33 @@ async def test_a_pending_entry_the_cap_cut_is_dead_lettered_under_the_hooks_own_
     finally:
         await admin.execute_command("ACL", "DELUSER", user)
         await admin.aclose()
+
+
+async def test_a_due_entry_behind_a_window_of_entries_backing_off_is_claimed(
+    bus_settings: BusSettings,
+) -> None:
+    """Ten entries the hook keeps failing (backing off), then a dead replica's entry, with
+    ``batch_size`` 1 (a claim pass looks at ten entries): each pass looks after the last one's
+    window, so the dead replica's entry is taken over and handled (it waited until the ten
+    were dead-lettered: 20 s and more)."""
+    admin = Redis.from_url(bus_settings.redis_url)
+    keys = Keys(bus_settings.prefix)
+    stream = keys.event_partitions[0]
+    hook = Failing()
+    worker = AsyncHookWorker(hook, bus_settings, start="$", batch_size=1, max_deliveries=20)
+    try:
+        await Retention(admin, keys).create_group(stream, "Failing", "$")
+        for _ in range(10):
+            await admin.xadd(stream, {DATA_FIELD: encode(tool_event("poison"))})
+        await admin.xreadgroup("Failing", "failed-here", {stream: ">"}, count=10)
+        await admin.xadd(stream, {DATA_FIELD: encode(tool_event("orphan"))})
+        await admin.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)
+        stop = asyncio.Event()
+        run = asyncio.create_task(worker.run(stop))
+        try:
+            await wait_for(lambda: "orphan" in hook.handled, 15, "the dead replica's entry")
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
+    finally:
+        await admin.aclose()

@@ -205,6 +205,7 @@ class AsyncHookWorker:
         # Entries this replica holds, by stream: read or claimed, not yet settled. The keep-alive
         # keeps them claimed; claimed entries wait in _claimed for their stream's lane.
         self._in_flight: dict[str, set[bytes]] = {stream: set() for stream in self.streams}
+        self._claim_from: dict[str, str] = {}  # where each stream's next claim pass looks
         self._claimed: dict[str, collections.deque[list[Entry]]] = {
             stream: collections.deque() for stream in self.streams
         }
@@ -773,8 +774,16 @@ class AsyncHookWorker:
         batch, as ``XAUTOCLAIM`` scans at most ten times its ``COUNT``."""
         floor_ms = int(self.settings.claim_idle_secs * 1000)
         held = self._in_flight[stream]
+        # One window a pass, each pass starting after the last one's: entries still backing
+        # off fill a window as well as due ones, and a due entry behind ten batches of them
+        # (a dead replica's, say) waited until they were dead-lettered.
+        start = self._claim_from.get(stream, "-")
+        window = self.batch_size * 10
         rows: Any = await self.redis.xpending_range(
-            stream, self.group, "-", "+", self.batch_size * 10, idle=floor_ms
+            stream, self.group, start, "+", window, idle=floor_ms
+        )
+        self._claim_from[stream] = (
+            "(" + rows[-1]["message_id"].decode() if len(rows) == window else "-"
         )
         due: dict[int, list[bytes]] = {}  # idle threshold (ms) → the entries due at it
         counts: dict[bytes, int] = {}
