@@ -323,3 +323,28 @@ async def test_a_replica_runs_partitions_side_by_side_and_each_session_in_order(
             stop.set()
             await task
             await admin.aclose()
+
+
+async def test_the_directory_counts_no_replica_whose_heartbeat_is_dated_ahead(
+    bus_settings: BusSettings,
+) -> None:
+    """A sync hook whose only heartbeat is an hour ahead has no live replica in a
+    coordinator's directory (protocol.md's read of the directory), so its calls are skipped
+    under its failure policy at once instead of waiting for a replica that does not exist;
+    the same heartbeat dated now is live."""
+    import redis as sync_redis
+
+    from bus.protocol import HookManifest, encode, now_ms
+    from tests.harness import put_manifest
+
+    keys = Keys(bus_settings.prefix)
+    manifest = HookManifest(name="Ahead", events=["PreToolUse"], registered_at=now_ms())
+    with sync_redis.Redis.from_url(bus_settings.redis_url) as r:
+        put_manifest(r, keys, "Ahead", encode(manifest))
+        r.zadd(keys.replicas("Ahead"), {"ghost-1-ab": now_ms() + 3_600_000})
+        async with HookClient(bus_settings) as client:
+            await wait_for(lambda: "Ahead" in client.directory.by_name, 15, "the manifest")
+            assert not client.directory.live("Ahead")
+            r.zadd(keys.replicas("Ahead"), {"ghost-1-ab": now_ms()})
+            await client.directory.refresh()
+            assert client.directory.live("Ahead")

@@ -140,6 +140,21 @@ def assert_backoff(found: list[float], first: float, cap: float) -> None:
     assert ceilings[-1] == cap and max(found) <= cap  # reached the cap, never past it
 
 
+async def retried_delays(
+    caplog: pytest.LogCaptureFixture, logger: str, text: str, loop: asyncio.Task[Any], what: str
+) -> list[float]:
+    """The first ``RETRIES`` delays ``loop`` logged (``logger``, lines holding ``text``), then
+    ``loop`` stopped."""
+    try:
+        await wait_for(
+            lambda: len(delays(caplog, logger, text)) >= RETRIES, 30, f"{RETRIES} retries of {what}"
+        )
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    return delays(caplog, logger, text)[:RETRIES]
+
+
 async def test_the_coordinators_inbox_reader_backs_off_with_the_policy(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -149,16 +164,12 @@ async def test_the_coordinators_inbox_reader_backs_off_with_the_policy(
         coordinator = Coordinator(unreachable(port, "backoff-inbox"))
         reader = asyncio.create_task(coordinator._read_inbox())
         try:
-            await wait_for(
-                lambda: len(delays(caplog, "hookbus.coordinator", text)) >= RETRIES,
-                30,
-                f"{RETRIES} retries of the inbox reader",
+            found = await retried_delays(
+                caplog, "hookbus.coordinator", text, reader, "the inbox reader"
             )
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
             await coordinator.redis.aclose()
-    assert_backoff(delays(caplog, "hookbus.coordinator", text)[:RETRIES], 0.05, 1.0)
+    assert_backoff(found, 0.05, 1.0)
     # the hand-written loop's figures, kept, named
     named = coordinator_module.INBOX_RETRY_FIRST_SECS, coordinator_module.INBOX_RETRY_CAP_SECS
     assert named == (0.05, 1.0)
@@ -182,17 +193,11 @@ async def test_the_consumer_loop_backs_off_with_the_policy(
             )
         )
         try:
-            await wait_for(
-                lambda: len(delays(caplog, "hookbus.redis", text)) >= RETRIES,
-                30,
-                f"{RETRIES} retries of the consumer loop",
-            )
+            found = await retried_delays(caplog, "hookbus.redis", text, loop, "the consumer loop")
         finally:
             stop.set()
-            loop.cancel()
-            await asyncio.gather(loop, return_exceptions=True)
             await redis.aclose()
-    assert_backoff(delays(caplog, "hookbus.redis", text)[:RETRIES], 0.1, 2.0)
+    assert_backoff(found, 0.1, 2.0)
     assert (redis_io.CONSUME_RETRY_FIRST_SECS, redis_io.CONSUME_RETRY_CAP_SECS) == (0.1, 2.0)
 
 
@@ -206,16 +211,12 @@ async def test_the_sync_workers_registration_backs_off_with_the_policy(
         worker = HookWorker(Recorder("Patient"), unreachable(port, "backoff-worker"))
         run = asyncio.create_task(worker.run(stop))
         try:
-            await wait_for(
-                lambda: len(delays(caplog, "hookbus.worker", text)) >= RETRIES,
-                30,
-                f"{RETRIES} retries of the worker's registration",
+            found = await retried_delays(
+                caplog, "hookbus.worker", text, run, "the worker's registration"
             )
         finally:
             stop.set()
-            run.cancel()
-            await asyncio.gather(run, return_exceptions=True)
-    assert_backoff(delays(caplog, "hookbus.worker", text)[:RETRIES], 0.1, 2.0)
+    assert_backoff(found, 0.1, 2.0)
     assert (worker_module.RETRY_FIRST_SECS, worker_module.RETRY_CAP_SECS) == (0.1, 2.0)
 
 

@@ -708,7 +708,8 @@ class Coordinator(EventRunner):
                 self.spawn(self._send_lane(lane))
             raise
         except Exception as exc:  # a send that failed otherwise than Redis answers
-            self._failed(batch, exc)
+            for stream, _, _, request_id in batch:
+                self._failed(stream, request_id, exc)
         finally:
             self._lanes.done(batch, _stream_of)
 
@@ -730,16 +731,16 @@ class Coordinator(EventRunner):
         self._lanes.done(gone, _stream_of)
         return kept
 
-    def _failed(self, batch: list[tuple[str, bytes, int, str | None]], exc: Exception) -> None:
-        """Every entry of ``batch`` failed with ``exc``: counted as a result that failed."""
-        for stream, _, _, request_id in batch:
-            if request_id is None:
-                self.stats["publish_failures"] += 1
-                _failures.warning("could not publish an event to %s: %s", stream, exc)
-                continue
-            future = self._waiting.get(request_id)
-            if future is not None and not future.done():
-                future.set_exception(HookUnreachable(f"Redis unreachable: {exc}"))
+    def _failed(self, stream: str, request_id: str | None, exc: BaseException) -> None:
+        """One entry Redis did not take: an event is counted and logged (rate-limited), a
+        request fails its hook as unreachable (its failure policy decides)."""
+        if request_id is None:
+            self.stats["publish_failures"] += 1
+            _failures.warning("could not publish an event to %s: %s", stream, exc)
+            return
+        future = self._waiting.get(request_id)
+        if future is not None and not future.done():
+            future.set_exception(HookUnreachable(f"Redis unreachable: {exc}"))
 
     def _still_waited(self, request_id: str) -> bool:
         future = self._waiting.get(request_id)
@@ -757,15 +758,8 @@ class Coordinator(EventRunner):
             conn=lane.conn,
         )
         for (stream, _, _, request_id), result in zip(batch, results, strict=True):
-            if not isinstance(result, Exception):
-                continue
-            if request_id is None:
-                self.stats["publish_failures"] += 1
-                _failures.warning("could not publish an event to %s: %s", stream, result)
-                continue
-            future = self._waiting.get(request_id)
-            if future is not None and not future.done():
-                future.set_exception(HookUnreachable(f"Redis unreachable: {result}"))
+            if isinstance(result, Exception):
+                self._failed(stream, request_id, result)
 
     # -- the inbox: one long-lived reader resolves every waiting request -----------------------
 
