@@ -216,6 +216,66 @@ def local_call(spec: HookSpec, method: Callable[[Any], Any]) -> LocalCall:
     return LocalCall(spec, method, Outcome(spec, CONTINUE, None, "", 0.0), spec.timeout)
 
 
+# Where a dispatch's driving hook driver is (see ``start_local``): the hook it is in, since
+# when, and which driver drives (a driver handed to a task with a suspended hook is no longer
+# it). A list, not an object: made for every dispatch, and a class's __init__ cost a third of
+# a no-op hook.
+_Cursor = list[Any]  # [hook index, its start (perf_counter), the driving driver's number]
+
+
+async def _drive_hooks(
+    event: HookEvent,
+    ctx: HookContext,
+    calls: Sequence[LocalCall],
+    outcomes: list[Outcome | None],
+    default_timeout: float,
+    timed: bool,
+    first: int,
+    cursor: _Cursor,
+) -> Any:
+    """Call the hooks from ``first`` on, one after the other, each awaited here and its
+    outcome put in its slot, until one suspends. This coroutine is then handed to a task with
+    that hook (``start_local``; ``cursor[2]`` moves on): it finishes the hook, returns its
+    answer (or raises its error) for the task, and calls no more hooks.
+
+    Why a driver, not ``coroutine.send()`` per hook: a coroutine finished by ``send()`` raises
+    ``StopIteration``, which cost as much as a no-op hook; one awaited here returns its value
+    without an exception. Only the driver, once per dispatch, is finished by ``send()``."""
+    perf = time.perf_counter
+    me = cursor[2]
+    t0 = cursor[1]
+    for i in range(first, len(calls)):
+        spec, method, continued, limit = calls[i]
+        cursor[0] = i
+        cursor[1] = t0
+        try:
+            started = method(ctx)
+            if type(started) is not types.CoroutineType and not isinstance(started, Awaitable):
+                # a plain def (refused at load; assigned to the hook later, say)
+                raise HookCrashed(not_a_coroutine(event, started))
+            answer = await started
+        except Exception as exc:  # a hook's crash is an outcome, not our crash
+            if cursor[2] != me:
+                raise  # the hook suspended, then raised: its task's error
+            t1 = perf()
+            outcomes[i] = _failure(event, spec, exc, t1 - t0)
+            t0 = t1
+            continue
+        if cursor[2] != me:
+            return answer  # the hook suspended, then answered: its task's result
+        t1 = perf()  # one clock read per hook: what nothing could pre-empt is still judged
+        if t1 - t0 > (limit or default_timeout):
+            # It held the loop past its timeout, where nothing could pre-empt it: too late.
+            why = overran(t1 - t0, limit or default_timeout)
+            outcomes[i] = Outcome(spec, None, "timeout", why, t1 - t0)
+        elif type(answer) is Continue:  # the usual answer, allowed for every event
+            outcomes[i] = continued if not timed else Outcome(spec, answer, None, "", t1 - t0)
+        else:
+            outcomes[i] = check_answer(event, spec, answer, t1 - t0)
+        t0 = t1
+    return None
+
+
 def start_local(
     event: HookEvent,
     ctx: HookContext,
@@ -230,84 +290,86 @@ def start_local(
     without a coroutine of its own: the outcomes at once when every hook answered without
     suspending (the usual case), else a coroutine that waits for the rest. ``timed=False``:
     nobody will read the outcomes' ``elapsed`` (no observer, no tracing), so a hook that
-    answers Continue at once gets its target's ready-made outcome and no clock is read for it.
+    answers Continue at once gets its target's ready-made outcome.
 
     Profiled (docs/performance.md, "In-process dispatch"), the general loop spent more on its
     own calls per hook (the endpoint wrapper, ``_start``, ``eager``, tuples, a deadline worked
-    out for every hook, a coroutine per level) than the hooks took. Here a hook's coroutine is
-    sent its first step inline; a deadline is worked out only for a hook that suspends, which
-    then goes on in a task under it, as in the general loop. A hook's time is measured from the
-    end of the one before (one clock read per hook).
+    out for every hook, a coroutine per level) than the hooks took. Here one driver coroutine
+    (``_drive_hooks``) awaits the hooks one after the other; a deadline is worked out only for
+    a hook that suspends, which then goes on in a task under it, as in the general loop, and a
+    new driver calls the hooks after it. A hook's time is measured from the end of the one
+    before (one clock read per hook).
     """
     if not targets:
         return []
     if calls is None:
         calls = [local_call(t.spec, t.methods[event]) for t in targets]
-    perf = time.perf_counter
     outcomes: list[Outcome | None] = [None] * len(calls)
-    pending: dict[asyncio.Future[Any], _Pending] = {}
-    began = t0 = perf()
-    next_hook = len(calls)
+    cursor: _Cursor = [0, time.perf_counter(), 0]
     inside = _inside_hook.set(True)  # the hooks started here (and their tasks) are inside
     try:
-        for i, (spec, method, continued, limit) in enumerate(calls):
-            rest: Any = None
-            try:
-                started = method(ctx)
-                if type(started) is types.CoroutineType:
-                    try:
-                        step = started.send(None)
-                    except StopIteration as stop:
-                        answer = stop.value
-                    else:
-                        rest = _resume(started, step)
-                elif isinstance(started, Awaitable):  # an awaitable that is not a coroutine
-                    started = _await(started)
-                    done, answer = eager(started)
-                    if not done:
-                        rest, answer = answer, None
-                else:  # a plain def (refused at load; assigned to the hook later, say)
-                    raise HookCrashed(not_a_coroutine(event, started))
-            except Exception as exc:  # a hook's crash is an outcome, not our crash
-                t1 = perf()
-                outcomes[i] = _failure(event, spec, exc, t1 - t0)
-                t0 = t1
-                continue
-            t1 = perf()  # one clock read per hook: what nothing could pre-empt is still judged
-            if t1 - t0 > (limit or default_timeout):
-                # It held the loop past its timeout, where nothing could pre-empt it: too late.
-                if rest is not None:  # it yielded at last: what is left of it never runs
-                    rest.close()
-                    started.close()
-                why = overran(t1 - t0, limit or default_timeout)
-                outcomes[i] = Outcome(spec, None, "timeout", why, t1 - t0)
-                t0 = t1
-                continue
-            if rest is not None:  # it suspended: the rest of it runs in a task, under its deadline
-                loop = asyncio.get_running_loop()
-                base = loop.time() - (perf() - began)  # when the dispatch began, in loop time
-                timeout = spec.timeout or default_timeout
-                deadline = base + timeout
-                cap = deadline_cap.get()
-                if cap is not None and cap < deadline:
-                    deadline, timeout = cap, max(0.0, cap - base)
-                pending[loop.create_task(rest)] = (i, deadline, t0, timeout)
-                if sequential:
-                    next_hook = i + 1
-                    break
-                t0 = perf()
-                continue
-            if type(answer) is Continue:  # the usual answer, allowed for every event
-                outcomes[i] = continued if not timed else Outcome(spec, answer, None, "", t1 - t0)
-            else:
-                outcomes[i] = check_answer(event, spec, answer, t1 - t0)
-            t0 = t1
+        driver = _drive_hooks(event, ctx, calls, outcomes, default_timeout, timed, 0, cursor)
+        try:
+            step = driver.send(None)
+        except StopIteration:
+            return outcomes  # type: ignore[return-value]  # every hook answered: slots filled
+        pending: dict[asyncio.Future[Any], _Pending] = {}
+        next_hook = _suspended(event, ctx, calls, outcomes, default_timeout, timed, sequential,
+                               cursor, driver, step, pending)  # fmt: skip
     finally:
         _inside_hook.reset(inside)
     if not pending:
         return outcomes  # type: ignore[return-value]  # every slot is filled
-    return _finish_local(event, ctx, targets, default_timeout, outcomes, pending, began,
-                         next_hook)  # fmt: skip
+    return _finish_local(event, ctx, targets, default_timeout, outcomes, pending,
+                         cursor[3], next_hook)  # fmt: skip
+
+
+def _suspended(
+    event: HookEvent,
+    ctx: HookContext,
+    calls: Sequence[LocalCall],
+    outcomes: list[Outcome | None],
+    default_timeout: float,
+    timed: bool,
+    sequential: bool,
+    cursor: _Cursor,
+    driver: Coroutine[Any, Any, Any],
+    step: Any,
+    pending: dict[asyncio.Future[Any], _Pending],
+) -> int:
+    """A hook of ``start_local``'s suspended in ``driver`` (its first step yielded ``step``):
+    hand the driver to a task under the hook's deadline and start the hooks after it with new
+    drivers, until every hook has answered or is in a task (in a sequential dispatch, only
+    until the first is). Returns the index of the first hook not started."""
+    perf = time.perf_counter
+    loop = asyncio.get_running_loop()
+    base = loop.time() - (perf() - cursor[1])  # when the dispatch began, in loop time
+    cursor.append(base)  # cursor[3], for _finish_local
+    while True:
+        i: int = cursor[0]
+        t0: float = cursor[1]
+        cursor[2] += 1  # the driver is the task's now; the next hooks get a new one
+        spec, limit = calls[i].spec, calls[i].timeout or default_timeout
+        t1 = perf()
+        if t1 - t0 > limit:  # it held the loop past its timeout before it yielded at last:
+            driver.close()  # too late; what is left of it never runs
+            outcomes[i] = Outcome(spec, None, "timeout", overran(t1 - t0, limit), t1 - t0)
+        else:
+            deadline, timeout = base + limit, limit
+            cap = deadline_cap.get()
+            if cap is not None and cap < deadline:
+                deadline, timeout = cap, max(0.0, cap - base)
+            pending[loop.create_task(_resume(driver, step))] = (i, deadline, t0, timeout)
+            if sequential:
+                return i + 1
+        if i + 1 == len(calls):
+            return i + 1
+        cursor[1] = perf()
+        driver = _drive_hooks(event, ctx, calls, outcomes, default_timeout, timed, i + 1, cursor)
+        try:
+            step = driver.send(None)
+        except StopIteration:
+            return len(calls)
 
 
 async def _finish_local(
@@ -317,13 +379,13 @@ async def _finish_local(
     default_timeout: float,
     outcomes: list[Outcome | None],
     pending: dict[asyncio.Future[Any], _Pending],
-    began: float,
+    base: float,
     next_hook: int,
 ) -> list[Outcome]:
     """Wait for the hooks that suspended; in a sequential dispatch, then run the rest one at a
-    time, their deadlines counted from the dispatch's start as the first ones' were."""
+    time, their deadlines counted from the dispatch's start (``base``, event-loop time) as the
+    first ones' were."""
     loop = asyncio.get_running_loop()
-    base = loop.time() - (time.perf_counter() - began)
     await _collect(event, targets, outcomes, pending, loop)
     if next_hook < len(targets):
         outcomes[next_hook:] = await run_targets(

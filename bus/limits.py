@@ -183,12 +183,11 @@ def encode_context(ctx: Any) -> bytes:
         data = _encode(ctx, _WHAT[type(ctx)], MAX_CONTEXT_DEPTH)  # raises, naming why
     # JSON of 2 * MAX_CONTEXT_DEPTH bytes or fewer cannot nest deeper (each level opens and
     # closes): no need to count its brackets (two passes that cost more than the encode).
-    if len(data) > _DEEP_ENOUGH and (
-        len(data) > MAX_CONTEXT_BYTES or openers(data) > MAX_CONTEXT_DEPTH
-    ):
+    size = len(data)
+    if size > _DEEP_ENOUGH and (size > MAX_CONTEXT_BYTES or openers(data) > MAX_CONTEXT_DEPTH):
         check_context(data, _WHAT[type(ctx)])
-    if 2 * len(data) > MAX_CONTEXT_BYTES:  # only then can the session id outgrow its room
-        _check_session_id(ctx, len(data))
+    if 2 * size > MAX_CONTEXT_BYTES:  # only then can the session id outgrow its room
+        _check_session_id(ctx, size)
     return data
 
 

@@ -214,7 +214,8 @@ class EventRunner(abc.ABC):
     ) -> list[Outcome] | LimitError | Awaitable[list[Outcome]]:
         """``_run`` without a coroutine of its own: the outcomes (or the refusal) at once when
         the mode has them without waiting, else an awaitable of them."""
-        check_context(event, ctx)
+        if type(ctx) is not CONTEXT_TYPES[event]:  # check_context's test, inlined (every call)
+            check_context(event, ctx)
         try:
             data = encode_context(ctx)
         except LimitError as exc:
@@ -260,10 +261,10 @@ class EventRunner(abc.ABC):
 
     async def run_pre_tool_use(self, ctx: PreToolUseContext) -> PreToolUseResult:
         outcomes = self._start_run(HookEvent.PRE_TOOL_USE, ctx)  # the hottest path: one
-        if type(outcomes) is not list and not isinstance(outcomes, LimitError):  # coroutine less
+        if type(outcomes) is not list:  # coroutine less
+            if isinstance(outcomes, LimitError):
+                return refusal(HookEvent.PRE_TOOL_USE, str(outcomes))  # type: ignore[no-any-return]
             outcomes = await outcomes  # type: ignore[misc]
-        if isinstance(outcomes, LimitError):
-            return refusal(HookEvent.PRE_TOOL_USE, str(outcomes))  # type: ignore[no-any-return]
         result = aggregate_pre_tool_use(ctx.tool_args, outcomes, _now)
         if result.skipped:
             self._report(result.skipped)

@@ -530,3 +530,78 @@ async def test_a_hook_added_while_a_dispatch_waits_is_not_part_of_it() -> None:
     assert result.action == Block(reason="late")
     assert [b.hook_name for b in result.blocking_errors] == ["waits"]
     assert [s.name for s in reg.specs(PRE)] == ["earlier", "waits"]
+
+
+async def test_every_way_a_hook_can_end_is_judged_in_its_slot_when_hooks_suspend_between() -> None:
+    # One dispatch calls its hooks through one driver until a hook suspends; that hook goes on
+    # in a task and a new driver calls the hooks after it (bus/dispatch.py, start_local). Each
+    # way a hook can end, before and after another suspended, lands in its own slot.
+    release, all_waiting = asyncio.Event(), asyncio.Event()
+    waiting: list[str] = []
+    ran_on: list[str] = []
+
+    async def wait(name: str) -> None:
+        waiting.append(name)
+        if len(waiting) == 3:
+            all_waiting.set()
+        await release.wait()
+
+    class Waits(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> Block:
+            await wait(self.name)
+            return Block(reason=f"{self.name} waited")
+
+    class WaitsThenCrashes(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+            await wait(self.name)
+            raise RuntimeError("boom after waiting")
+
+    class HoldsTheLoopThenYields(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> Block:
+            time.sleep(0.3)  # a blocking call in an async def, past its 0.1 s timeout
+            await asyncio.sleep(0)
+            ran_on.append("rest of holds")  # too late: this never runs
+            return Block(reason="never")
+
+    class Mutates(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> MutateInput:
+            return MutateInput(updated_args={"path": "b"})
+
+    hooks = [
+        Recorder("first"),
+        Waits("waits"),
+        WaitsThenCrashes("crashes"),
+        HoldsTheLoopThenYields("holds", timeout=0.1),
+        Mutates("mutates"),
+        Waits("waits too"),
+    ]
+    reg = registry(*hooks, hook_timeout_secs=5)
+    dispatch = asyncio.ensure_future(reg.run_pre_tool_use(pre(path="a")))
+    await asyncio.wait_for(all_waiting.wait(), 5)  # all three wait at once: none ran first
+    release.set()
+    result = await asyncio.wait_for(dispatch, 5)
+    assert [b.hook_name for b in result.blocking_errors] == ["waits", "waits too"]
+    assert result.blocking_errors[0].reason == "waits waited"
+    skipped = {s.hook_name: (s.kind, s.detail) for s in result.skipped}
+    assert skipped["crashes"][0] == "error" and "boom after waiting" in skipped["crashes"][1]
+    assert skipped["holds"][0] == "timeout" and "held the event loop" in skipped["holds"][1]
+    assert set(skipped) == {"crashes", "holds"}
+    assert ran_on == []
+    outcomes = await reg.gather(PRE, pre(path="a"))  # released: every hook answers in order
+    assert [o.spec.name for o in outcomes] == [h.name for h in hooks]
+    assert outcomes[4].action == MutateInput(updated_args={"path": "b"})
+
+
+async def test_session_stop_runs_hooks_that_answer_at_once_after_one_that_waits_in_order() -> None:
+    log: list[str] = []
+
+    class Step(Recorder):
+        async def on_session_stop(self, ctx: SessionStopContext) -> None:
+            log.append(f"{self.name}:start")
+            if self.name == "two":
+                await asyncio.sleep(0)
+            log.append(f"{self.name}:end")
+
+    reg = registry(Step("one"), Step("two"), Step("three"), Step("four"))
+    await reg.run_on_session_stop(SessionStopContext(session_id="s1"))
+    assert log == [f"{n}:{at}" for n in ("one", "two", "three", "four") for at in ("start", "end")]
