@@ -32,6 +32,7 @@ from bus import (
 from bus.protocol import DATA_FIELD, HookRequest, encode, new_id, now_ms, raw
 from bus.settings import BusSettings
 from bus.transport.keys import WORKERS_GROUP, Keys
+from bus.transport.redis_io import held_connection, read_group, release_held
 from tests.harness import ROOT, Processes, wait_for, wait_live, worker_env
 from tests.remote_hooks import HookConfig
 
@@ -262,6 +263,11 @@ async def test_an_inbox_that_is_not_a_list_loses_only_its_own_answer_and_is_coun
         answered = [json.loads(data)["request_id"] for data in await redis.lrange(good, 0, -1)]
         assert answered == [ids[1]]
         assert (worker.stats["unsent"], worker.stats["handled"]) == (1, 1)
+        # Both are acknowledged, by the read that follows (it carries the batch's XACK).
+        conn = await held_connection(redis)
+        await read_group(redis, WORKERS_GROUP, worker.replica, worker.stream, count=1,
+                         block_ms=None, conn=conn, acks=worker._acks)  # fmt: skip
+        await release_held(redis, conn)
         pending: Any = await redis.xpending(worker.stream, WORKERS_GROUP)
         assert pending["pending"] == 0
     finally:

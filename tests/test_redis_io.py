@@ -158,3 +158,55 @@ async def test_a_group_reader_outlives_redis_cutting_its_connection_and_gives_it
         await admin.aclose()
         await redis.aclose()
     assert in_use == []
+
+
+async def test_a_reader_acknowledges_with_its_next_read_and_when_it_stops(
+    bus_settings: BusSettings,
+) -> None:
+    """consume(acks=…): what the handler finished is acknowledged in the next read's write
+    (a hook worker's XACK, on the stream's node), and what is left when the loop stops is
+    acknowledged as it stops, not left pending for a takeover to answer again."""
+    redis, admin = connect(bus_settings), connect(bus_settings)
+    stream = f"{bus_settings.prefix}:acked"
+    await ensure_group(redis, stream, "g", start="0")
+    acks: list[bytes] = []
+    seen: list[bytes] = []
+    stop = asyncio.Event()
+
+    async def handle(entries: list[Any]) -> None:
+        for entry_id, fields in entries:
+            seen.append(fields[b"n"])
+            acks.append(entry_id)
+            if fields[b"n"] == b"last":
+                stop.set()  # no read follows this one
+
+    async def recreate() -> None:
+        await ensure_group(redis, stream, "g", start="0")
+
+    async def pending() -> int:
+        return int((await admin.xpending(stream, "g"))["pending"])
+
+    task = asyncio.create_task(
+        consume(
+            redis, stream, "g", "c", count=8, stop=stop, handle=handle, recreate=recreate, acks=acks
+        )
+    )
+    try:
+        await admin.xadd(stream, {"n": "1"})
+        await admin.xadd(stream, {"n": "2"})
+        await wait_for(lambda: len(seen) == 2, what="both entries")
+
+        async def acknowledged() -> bool:
+            return await pending() == 0
+
+        await wait_for(acknowledged, what="the two acknowledged by the next read")
+        assert acks == []  # taken by the read
+        await admin.xadd(stream, {"n": "last"})
+        await asyncio.wait_for(task, 5)
+        assert seen == [b"1", b"2", b"last"]
+        assert await pending() == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        await admin.aclose()
+        await redis.aclose()

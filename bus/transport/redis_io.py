@@ -840,10 +840,12 @@ async def read_group(
     count: int,
     block_ms: int | None,
     conn: Any = None,
+    acks: Sequence[bytes] = (),
 ) -> list[Entry]:
     """New entries for ``consumer`` (XREADGROUP … >), or [] after ``block_ms`` (None: at once).
     ``conn``: a connection the caller holds (:func:`held_connection`), read through
-    :func:`pipelined`."""
+    :func:`pipelined`; then ``acks``, entries of ``stream`` to acknowledge, go in the same
+    write, ahead of the read (Redis refusing the XACK is logged: they stay pending)."""
     response: Any
     if conn is None:
         response = await redis.xreadgroup(
@@ -852,7 +854,13 @@ async def read_group(
     else:
         block = () if block_ms is None else ("BLOCK", block_ms)
         command = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, *block)
-        [response] = await pipelined(redis, [(*command, "STREAMS", stream, ">")], conn)
+        read = (*command, "STREAMS", stream, ">")
+        if acks:
+            acked, response = await pipelined(redis, [("XACK", stream, group, *acks), read], conn)
+            if isinstance(acked, Exception):
+                _failures.warning("could not acknowledge %d entries: %s", len(acks), acked)
+        else:
+            [response] = await pipelined(redis, [read], conn)
         if isinstance(response, Exception):
             raise response
     entries: list[Entry] = []
@@ -871,21 +879,33 @@ async def consume(
     stop: asyncio.Event,
     handle: Callable[[list[Entry]], Awaitable[None]],
     recreate: Callable[[], Awaitable[None]],
+    acks: list[bytes] | None = None,
 ) -> None:
     """Read a consumer group until ``stop``: new entries go to ``handle``; a lost group is
     recreated; while Redis is unreachable the loop backs off and retries (it never dies).
     The reader keeps a connection of its own (:func:`held_connection`): a read is on the path
-    of every request, and a trip through the pool costs 15-30 µs of CPU."""
+    of every request, and a trip through the pool costs 15-30 µs of CPU.
+
+    ``acks``: entries the caller has finished, to acknowledge. Each read takes them into its
+    own write (the XACK goes to the stream's node, as the read does: on a cluster, a hook
+    worker's reply and its XACK went to two masters in two writes); a read that fails keeps
+    them for the next; what is left when the loop stops is acknowledged then."""
     backoff = Backoff(CONSUME_RETRY_FIRST_SECS, CONSUME_RETRY_CAP_SECS)
     conn: Any = None
+    carried: list[bytes] = []
     try:
         while not stop.is_set():
             try:
                 if conn is None:
                     conn = await held_connection(redis)
+                if acks:
+                    carried += acks
+                    acks.clear()
                 entries = await read_group(
-                    redis, group, consumer, stream, count=count, block_ms=200, conn=conn
-                )
+                    redis, group, consumer, stream, count=count, block_ms=200, conn=conn,
+                    acks=carried,
+                )  # fmt: skip
+                carried.clear()
                 backoff.reset()
             except ResponseError as exc:
                 if group_lost(exc):
@@ -912,8 +932,16 @@ async def consume(
             except Exception:  # no message stops the loop; what was not acknowledged is claimed
                 _failures.error("handling a batch of %s failed", stream, exc_info=True)
     finally:
+        if acks is not None:
+            carried += acks
+            acks.clear()
         if conn is not None:
             await release_held(redis, conn)
+        if carried:  # finished, not yet acknowledged: before the consumer hands over
+            try:
+                await redis.xack(stream, group, *carried)
+            except (RedisError, OSError) as exc:  # they stay pending: answered again if claimed
+                _failures.warning("could not acknowledge %d entries: %s", len(carried), exc)
 
 
 async def keep_and_claim(

@@ -3,8 +3,9 @@
 Replicas of one hook share the consumer group ``workers`` on ``{p}:hook:{name}:requests``. Each
 request is checked (a malformed one goes to the dead-letter stream with its reason), dropped
 unanswered if its deadline has passed, else run under the time it has left; the reply goes to
-the requester's inbox and the entry is acknowledged in the same round trip: one round trip for
-all the requests of a read whose hook answers without waiting.
+the requester's inbox, then the entry is acknowledged. The replies of all the requests of a read
+whose hook answers without waiting go out in one write, and their XACK in the write of the next
+read (the request stream's node; on a cluster the inboxes are on other masters).
 
 A replica that dies holding requests does not lose them: every live replica keeps its own
 in-flight entries fresh (XCLAIM … JUSTID) and takes over entries left idle longer than
@@ -12,7 +13,7 @@ in-flight entries fresh (XCLAIM … JUSTID) and takes over entries left idle lon
 
 Why raw redis-py rather than a FastStream subscriber: this is the synchronous hot path, measured
 against a raw redis-py floor. FastStream acknowledges each message with its own round trip and
-parses its own framing first; here the reply and the XACK share one pipelined round trip.
+parses its own framing first; here a read's replies share one write, and its XACK the next read's.
 
 Why one module: one class, a replica's loop: reading requests, running the hook under its
 deadline, replying, heartbeats and taking over a dead replica's entries share the replica's in-
@@ -178,7 +179,13 @@ class Replies:
 
 
 async def send_replies(
-    redis: Redis, stream: str, group: str, replies: Replies, *, expire: bool = False
+    redis: Redis,
+    stream: str,
+    group: str,
+    replies: Replies,
+    *,
+    expire: bool = False,
+    ack: bool = True,
 ) -> int | None:
     """Send the replies of a batch and acknowledge its requests: one pipelined round trip (one
     ``RPUSH`` per inbox, with ``expire`` a ``PEXPIRE`` too, one ``XACK``). A hook worker sets
@@ -188,7 +195,8 @@ async def send_replies(
     be delivered (an inbox key that is not a list: that asker times out, the others of the batch
     are answered; retrying cannot help), or None if the requests were not acknowledged (Redis
     away, or it refused the XACK): they stay pending, answered again when claimed. Every
-    failure is logged."""
+    failure is logged. ``ack=False``: the caller acknowledges them itself (a hook worker's
+    next read carries the XACK), and None means the replies were not sent."""
     if not replies.acks:
         return 0
     commands: list[tuple[Any, ...]] = []
@@ -196,12 +204,14 @@ async def send_replies(
         commands.append(("RPUSH", inbox, *payloads))
         if expire:
             commands.append(("PEXPIRE", inbox, REPLY_TTL_MS))
-    commands.append(("XACK", stream, group, *replies.acks))
+    if ack:
+        commands.append(("XACK", stream, group, *replies.acks))
     try:
-        *sent, acked = await pipelined(redis, commands)
+        sent = await pipelined(redis, commands)
     except (RedisError, OSError) as exc:
         _failures.warning("could not send %d replies: %s", len(replies.acks), exc)
         return None
+    acked = sent.pop() if ack else 0
     if isinstance(acked, Exception):
         _failures.warning("could not acknowledge %d requests: %s", len(replies.acks), acked)
         return None
@@ -261,6 +271,7 @@ class HookWorker:
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
         self._settled = Settled()
+        self._acks: list[bytes] = []  # answered; the read loop's next read acknowledges them
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.removed = False  # an operator removed the hook while this replica served it
@@ -399,6 +410,7 @@ class HookWorker:
             stop=stop,
             handle=self._start_all,
             recreate=lambda: self._retry(self._ensure_group, stop),
+            acks=self._acks,
         )
 
     async def _start_all(self, entries: list[Entry]) -> None:
@@ -409,7 +421,9 @@ class HookWorker:
                 await self._send(replies.close())  # answered goes out first
                 replies = Replies()
             await self._start(entry_id, fields, replies)
-        await self._send(replies.close())
+        # The reply goes to the asker's inbox; the XACK waits for the read that follows at once
+        # (consume), on this stream's node: on a cluster, one write to each instead of two.
+        await self._send(replies.close(), carry=True)
 
     async def _start(
         self, entry_id: bytes, fields: dict[bytes, bytes] | None, replies: Replies | None = None
@@ -550,10 +564,14 @@ class HookWorker:
         cut = msgspec.structs.replace(reply, status="error", action=None, error=error[:1000])
         return encode(cut)
 
-    async def _send(self, replies: Replies) -> None:
-        unsent = await send_replies(self.redis, self.stream, WORKERS_GROUP, replies)
+    async def _send(self, replies: Replies, carry: bool = False) -> None:
+        """Send a batch's replies and acknowledge its requests, with ``carry`` by the read loop's
+        next read (``self._acks``)."""
+        unsent = await send_replies(self.redis, self.stream, WORKERS_GROUP, replies, ack=not carry)
         if unsent is None:  # not acknowledged: answered again when claimed
             return
+        if carry:
+            self._acks += replies.acks
         for entry_id in replies.acks:
             self._settled.add(entry_id)
         self.stats["unsent"] += unsent
