@@ -308,9 +308,15 @@ async def test_a_decision_inbox_that_is_not_a_list_loses_only_its_own_answer_and
         answered = [json.loads(data)["request_id"] for data in await redis.lrange(good, 0, -1)]
         assert answered == [ids[1]]
         assert (service.stats["unsent"], service.stats["answered"]) == (1, 1)
+        # Both are acknowledged, by the source reader's next read (it carries the XACK).
+        conn = await held_connection(redis)
+        await read_group(redis, COORDINATORS_GROUP, service.coordinator.id, source.stream,
+                         count=1, block_ms=None, conn=conn, acks=service._acks[source])  # fmt: skip
+        await release_held(redis, conn)
         pending: Any = await redis.xpending(source.stream, COORDINATORS_GROUP)
         assert pending["pending"] == 0
     finally:
+        await service.coordinator.close()
         await redis.aclose()
 
 
@@ -342,6 +348,7 @@ async def test_a_read_from_a_frozen_redis_times_out_and_the_client_recovers(
             os.kill(pid, signal.SIGCONT)
         assert await redis.get("k") == b"v"
     finally:
+        await service.coordinator.close()
         await redis.aclose()
         server.close()
 
@@ -563,6 +570,7 @@ async def test_coordinator_service_answers_foreign_agents(
         assert answer["status"] == "error" and answer["field"] == "$.context.tool_name"
         assert answer["request_id"] == "bad"
     finally:
+        await service.coordinator.close()
         await redis.aclose()
 
 
@@ -624,3 +632,49 @@ async def test_clients_started_together_refresh_their_directories_apart(
         assert max(firsts.values()) - min(firsts.values()) > 0.1
     finally:
         await asyncio.gather(*(c.close() for c in clients))
+
+
+async def test_a_decision_answered_after_its_reader_stopped_is_acknowledged_at_once(
+    bus_settings: BusSettings,
+) -> None:
+    """The coordinator service's reply goes out alone and its XACK with the source reader's
+    next read; a dispatch that ends after that reader stopped (its tenant removed, the service
+    stopping) acknowledges its request itself: nothing is left pending for another replica to
+    answer again."""
+    from bus.transport.keys import COORDINATORS_GROUP
+    from bus.transport.redis_io import consume, ensure_group
+    from workers.services.coordinator_service import CoordinatorService, Source
+
+    service = CoordinatorService(bus_settings)
+    keys, redis = service.keys, service.redis
+    source = Source(keys.decision_partitions[0])
+    inbox = keys.inbox("agent")
+    try:
+        await ensure_group(redis, source.stream, COORDINATORS_GROUP, start="0")
+        service._register(source)
+        stopped = asyncio.Event()
+        stopped.set()  # the reader stops at once, as when its tenant is removed
+        await consume(redis, source.stream, COORDINATORS_GROUP, service.coordinator.id, count=1,
+                      stop=stopped, handle=_nothing, recreate=_nothing,
+                      acks=service._acks[source])  # fmt: skip
+        request = {
+            "id": new_id(), "ts": now_ms(), "event": PRE, "reply_to": inbox,
+            "context": {"session_id": "s", "tool_name": "t", "tool_args": {}},
+        }  # fmt: skip
+        await redis.xadd(source.stream, {DATA_FIELD: json.dumps(request)})
+        read: Any = await redis.xreadgroup(
+            COORDINATORS_GROUP, service.coordinator.id, {source.stream: ">"}, count=10
+        )
+        [(entry_id, fields)] = read[0][1]
+        await service._answer(source, entry_id, fields)
+        [reply] = await redis.lrange(inbox, 0, -1)
+        assert json.loads(reply)["request_id"] == request["id"]
+        pending: Any = await redis.xpending(source.stream, COORDINATORS_GROUP)
+        assert pending["pending"] == 0
+    finally:
+        await service.coordinator.close()
+        await redis.aclose()
+
+
+async def _nothing(*_: Any) -> None:
+    return None

@@ -11,7 +11,15 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from bus.settings import BusSettings
-from bus.transport.redis_io import close, connect, consume, ensure_group, held_connection, pipelined
+from bus.transport.redis_io import (
+    Acks,
+    close,
+    connect,
+    consume,
+    ensure_group,
+    held_connection,
+    pipelined,
+)
 from tests.harness import wait_for
 
 
@@ -169,7 +177,7 @@ async def test_a_reader_acknowledges_with_its_next_read_and_when_it_stops(
     redis, admin = connect(bus_settings), connect(bus_settings)
     stream = f"{bus_settings.prefix}:acked"
     await ensure_group(redis, stream, "g", start="0")
-    acks: list[bytes] = []
+    acks = Acks()
     seen: list[bytes] = []
     stop = asyncio.Event()
 

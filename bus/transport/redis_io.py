@@ -869,6 +869,14 @@ async def read_group(
     return entries
 
 
+class Acks(list[bytes]):
+    """Entries a consumer has finished, for its reader (:func:`consume`) to acknowledge with its
+    next read. Once the reader has stopped (``taken`` False) nothing will: acknowledge them
+    yourself."""
+
+    taken = True
+
+
 async def consume(
     redis: Redis,
     stream: str,
@@ -879,7 +887,7 @@ async def consume(
     stop: asyncio.Event,
     handle: Callable[[list[Entry]], Awaitable[None]],
     recreate: Callable[[], Awaitable[None]],
-    acks: list[bytes] | None = None,
+    acks: Acks | None = None,
 ) -> None:
     """Read a consumer group until ``stop``: new entries go to ``handle``; a lost group is
     recreated; while Redis is unreachable the loop backs off and retries (it never dies).
@@ -933,6 +941,7 @@ async def consume(
                 _failures.error("handling a batch of %s failed", stream, exc_info=True)
     finally:
         if acks is not None:
+            acks.taken = False  # from now on, their owner acknowledges them
             carried += acks
             acks.clear()
         if conn is not None:

@@ -55,6 +55,7 @@ from bus.transport.coordinator import Coordinator, dispatch_source
 from bus.transport.keys import COORDINATORS_GROUP
 from bus.transport.redis_io import (
     UNREACHABLE,
+    Acks,
     CutWatch,
     Entry,
     Settled,
@@ -250,6 +251,7 @@ class CoordinatorService:
         self._skew_logged_at = -1e9
         self._in_flight: dict[Source, dict[bytes, asyncio.Task[None]]] = {}
         self._settled: dict[Source, Settled] = {}
+        self._acks: dict[Source, Acks] = {}
         self._readers: dict[Source, asyncio.Task[None]] = {}
         #: Requests still being answered for tenants removed meanwhile.
         self._retired: list[asyncio.Task[None]] = []
@@ -320,6 +322,7 @@ class CoordinatorService:
         """Track what is in flight and settled on ``source``."""
         self._in_flight[source] = {}
         self._settled[source] = Settled()
+        self._acks[source] = Acks()  # answered; the source's reader acknowledges them
 
     async def _serve_tenants(self, stop: asyncio.Event) -> None:
         """Answer every tenant in ``{p}:tenants``, and stop answering those removed from it."""
@@ -356,6 +359,7 @@ class CoordinatorService:
             stop=stop,
             handle=answer_all,
             recreate=lambda: ensure_group(self.redis, source.stream, COORDINATORS_GROUP, start="0"),
+            acks=self._acks[source],
         )
 
     def _start(self, source: Source, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
@@ -670,13 +674,21 @@ class CoordinatorService:
             else:
                 fallback = msgspec.structs.replace(reply, status="error", result=None, error=why)
             payload = encode(fallback)
+        # The reply goes to the agent's inbox; the XACK with the source reader's next read (on
+        # the stream's node: on a cluster the inbox is often on another master).
+        acks = self._acks[source]
+        carry = acks.taken
         async with self._io:
             replies = Replies().add_one(reply_to, payload, entry_id)
-            unsent = await send_replies(
-                self.redis, source.stream, COORDINATORS_GROUP, replies, expire=True
-            )
+            unsent = await send_replies(self.redis, source.stream, COORDINATORS_GROUP, replies,
+                                        expire=True, ack=not carry)  # fmt: skip
         if unsent is None:  # not acknowledged: answered again when claimed
             return False
+        if carry and acks.taken:
+            acks.append(entry_id)
+        elif carry:  # the reader stopped while the reply went out
+            with contextlib.suppress(*UNREACHABLE):  # else pending: answered again if claimed
+                await self._ack(source, entry_id)
         self._settled[source].add(entry_id)
         self.stats["unsent"] += unsent
         return not unsent

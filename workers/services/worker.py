@@ -66,6 +66,7 @@ from bus.transport.clock import START_SAMPLES, ExpiredDrops, RedisClock
 from bus.transport.directory import read_manifest, write_manifest
 from bus.transport.keys import MAX_SHARDS, WORKERS_GROUP, Keys, check_name
 from bus.transport.redis_io import (
+    Acks,
     CutWatch,
     Entry,
     Settled,
@@ -271,7 +272,7 @@ class HookWorker:
         self.expired = ExpiredDrops(log, f"requests for {self.spec.name}")
         self._in_flight: dict[bytes, asyncio.Task[None] | None] = {}
         self._settled = Settled()
-        self._acks: list[bytes] = []  # answered; the read loop's next read acknowledges them
+        self._acks = Acks()  # answered; the read loop's next read acknowledges them
         self._slots = asyncio.Semaphore(concurrency)
         self.registered = asyncio.Event()
         self.removed = False  # an operator removed the hook while this replica served it
@@ -401,6 +402,7 @@ class HookWorker:
                 await asyncio.sleep(delay)
 
     async def _read_loop(self, stop: asyncio.Event) -> None:
+        self._acks = Acks()
         await consume(
             self.redis,
             self.stream,
@@ -567,11 +569,14 @@ class HookWorker:
     async def _send(self, replies: Replies, carry: bool = False) -> None:
         """Send a batch's replies and acknowledge its requests, with ``carry`` by the read loop's
         next read (``self._acks``)."""
+        carry = carry and self._acks.taken
         unsent = await send_replies(self.redis, self.stream, WORKERS_GROUP, replies, ack=not carry)
         if unsent is None:  # not acknowledged: answered again when claimed
             return
-        if carry:
+        if carry and self._acks.taken:
             self._acks += replies.acks
+        elif carry:  # the reader stopped while the replies went out
+            await self._ack(*replies.acks)
         for entry_id in replies.acks:
             self._settled.add(entry_id)
         self.stats["unsent"] += unsent
@@ -692,12 +697,13 @@ class HookWorker:
         with contextlib.suppress(RedisError, OSError, ProtocolError):
             await self.redis.rpush(head.reply_to, encode(reply))
 
-    async def _ack(self, entry_id: bytes) -> None:
+    async def _ack(self, *entry_ids: bytes) -> None:
         try:
-            await self.redis.xack(self.stream, WORKERS_GROUP, entry_id)
-            self._settled.add(entry_id)
+            await self.redis.xack(self.stream, WORKERS_GROUP, *entry_ids)
+            for entry_id in entry_ids:
+                self._settled.add(entry_id)
         except (RedisError, OSError) as exc:
-            log.warning("could not acknowledge %s: %s", entry_id.decode(), exc)
+            log.warning("could not acknowledge %s: %s", entry_ids[0].decode(), exc)
 
     # -- liveness: heartbeat, keeping our entries ours, taking over a dead replica's -------------
 
