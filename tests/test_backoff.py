@@ -443,3 +443,37 @@ async def test_a_due_entry_behind_a_window_of_entries_backing_off_is_claimed(
             await asyncio.wait_for(run, 30)
     finally:
         await admin.aclose()
+
+
+async def test_a_cut_pending_entry_two_replicas_both_find_gone_is_recorded_once(
+    bus_settings: BusSettings,
+) -> None:
+    """Two replicas' claim passes can both XCLAIM one pending entry the hard cap cut: the first
+    drops it from the group, the second finds it gone, and each sees it missing. It is one loss:
+    one dead letter, counted once (it was recorded by both), under the hook's own ACL user."""
+    admin = Redis.from_url(bus_settings.redis_url)
+    keys = Keys(bus_settings.prefix)
+    user = f"hook-acl-{new_id()[:6]}"
+    generated = hook_rules(HookUser(name="Failing", kind="async"))  # for the prefix hookbus
+    rules = generated.replace("hookbus:", f"{bus_settings.prefix}:").split()[1:]  # but "on"
+    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
+    url = bus_settings.redis_url.replace("redis://", f"redis://{user}:pw@", 1)
+    settings = msgspec.structs.replace(bus_settings, redis_url=url)
+    stream = keys.event_partitions[0]
+    replicas = [AsyncHookWorker(Failing(), settings, start="0") for _ in range(2)]
+    try:
+        cut = await admin.xadd(stream, {DATA_FIELD: encode(tool_event("cut"))})
+        await Retention(admin, keys).create_group(stream, "Failing", "0")
+        await admin.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)
+        await admin.xdel(stream, cut)  # as the hard cap cuts
+        for replica in replicas:  # each one's XCLAIM did not return it
+            await replica._record_cut(stream, [cut])
+        (letter,) = [f for _, f in await admin.xrange(keys.hook_dlq("Failing"))]
+        assert letter[b"entry_id"] == cut and TRIMMED.encode() in letter[b"reason"]
+        assert await admin.hget(keys.lost("Failing"), stream) == b"1"
+        assert [r.stats["lost"] for r in replicas] == [1, 0]
+    finally:
+        for replica in replicas:
+            await replica.redis.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()

@@ -310,6 +310,12 @@ class Keys:
         """Last failure reason per entry id of one async hook (for its dead letters)."""
         return f"{self._hook(hook)}:failures"
 
+    def cut_recorded(self, hook: str, stream: str, entry_id: bytes | str) -> str:
+        """Present (a day) once a replica of the async hook has recorded a pending entry of
+        ``stream`` that the hard cap cut: the others, which may have seen it gone too, do not."""
+        text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        return f"{self._hook(hook)}:cut:{stream}:{text}"
+
     def lost(self, hook: str) -> str:
         """Per stream, how many entries the hard cap cut before the hook's group handled them."""
         return f"{self._hook(hook)}:lost"

@@ -108,6 +108,8 @@ from workers.services.worker import idle_while_removed
 log = logging.getLogger("hookbus.async")
 _failures = RateLimitedLog(log)
 FAILURE_TTL_SECS = 86_400
+#: How long the mark that a cut pending entry was recorded stays (Keys.cut_recorded).
+CUT_RECORDED_MS = 86_400_000
 _DATA = DATA_FIELD.encode()
 T = TypeVar("T")
 #: How long one wait of an idle lane blocks (XREAD BLOCK): one command per stream this long.
@@ -833,6 +835,16 @@ class AsyncHookWorker:
                 pipe.xrange(stream, entry_id, entry_id)
             found = await pipe.execute()
         deleted = [i for i, rows in zip(missed, found, strict=True) if not rows]
+        if deleted:
+            # Two replicas can claim one cut entry at once: the first XCLAIM drops it from the
+            # group, the second finds it gone, and both see it missing here. The first to mark
+            # it records it (it was counted twice).
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for entry_id in deleted:
+                    mark = self.keys.cut_recorded(self.group, stream, entry_id)
+                    pipe.set(mark, self.replica, nx=True, px=CUT_RECORDED_MS)
+                first = await pipe.execute()
+            deleted = [i for i, won in zip(deleted, first, strict=True) if won]
         if deleted:
             await self.retention.record_trimmed(stream, self.group, deleted)
             self.stats["lost"] += len(deleted)
