@@ -348,7 +348,6 @@ async def test_a_read_from_a_frozen_redis_times_out_and_the_client_recovers(
             os.kill(pid, signal.SIGCONT)
         assert await redis.get("k") == b"v"
     finally:
-        await service.coordinator.close()
         await redis.aclose()
         server.close()
 
@@ -570,7 +569,6 @@ async def test_coordinator_service_answers_foreign_agents(
         assert answer["status"] == "error" and answer["field"] == "$.context.tool_name"
         assert answer["request_id"] == "bad"
     finally:
-        await service.coordinator.close()
         await redis.aclose()
 
 
