@@ -4,10 +4,10 @@ cluster: what redis-py's Pipeline and parsers gave before, without their cost pe
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from bus.settings import BusSettings
@@ -18,6 +18,7 @@ from bus.transport.redis_io import (
     consume,
     ensure_group,
     held_connection,
+    master_of,
     pipelined,
 )
 from tests.harness import wait_for
@@ -218,3 +219,24 @@ async def test_a_reader_acknowledges_with_its_next_read_and_when_it_stops(
         await asyncio.wait_for(task, 5)
         await admin.aclose()
         await redis.aclose()
+
+
+async def test_the_master_of_a_key_is_the_one_redis_py_routes_it_to(
+    cluster_settings: BusSettings,
+) -> None:
+    """master_of remembers each key's slot; the master comes from the slot map of the moment,
+    as redis-py's get_node_from_key has it (hash tags, str and bytes alike)."""
+    redis = cast(RedisCluster, connect(cluster_settings))
+    try:
+        await redis.initialize()
+        p = cluster_settings.prefix
+        keys = [f"{p}:events:{{{i}}}" for i in range(40)] + [f"{p}:inbox:{i}" for i in range(40)]
+        keys += [k.encode() for k in keys] + [f"{p}:hook:{{Guard}}:requests", "plain"]
+        seen = set()
+        for key in keys * 2:  # the second time from the remembered slots
+            expected = redis.get_node_from_key(key)
+            assert master_of(redis, key) is expected
+            seen.add(expected.name)
+        assert len(seen) == len(redis.get_primaries())  # the keys spread over every master
+    finally:
+        await close(redis)
