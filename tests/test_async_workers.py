@@ -348,3 +348,37 @@ async def test_each_call_sees_its_own_event_and_a_batch_leaves_current_event_as_
         await worker.redis.aclose()
     assert sorted(seen) == [(step, ids[step], ids[step]) for step in range(5)]
     assert (worker.stats["handled"], worker.stats["skipped"]) == (5, 1)
+
+
+async def test_a_replica_acknowledges_what_it_handled_when_it_stops_right_after(
+    bus_settings: BusSettings,
+) -> None:
+    """A lane's XACK goes with its next read (one round trip a batch); a lane that stops
+    after a batch, with no read to follow, acknowledges it as it stops: nothing it handled is
+    left pending for another replica to run again."""
+    from bus.hooks import AsyncAgentHook
+    from workers.services.async_worker import AsyncHookWorker
+
+    stop = asyncio.Event()
+    handled: list[int] = []
+
+    class StopsAtTheLast(AsyncAgentHook):
+        name = "stops-at-the-last"
+        subscribed_events = (HookEvent.POST_TOOL_USE,)
+
+        async def on_post_tool_use_async(self, ctx: Any) -> None:
+            handled.append(int(ctx.output_content.split()[1]))
+            if len(handled) == 5:
+                stop.set()  # the lane ends after this batch: no read follows it
+
+    keys = Keys(bus_settings.prefix)
+    worker = AsyncHookWorker(StopsAtTheLast(), bus_settings, start="0")
+    redis = Redis.from_url(bus_settings.redis_url)
+    try:
+        await publish(redis, keys, [event(2 * i) for i in range(5)])
+        await asyncio.wait_for(worker.run(stop), 30)
+        assert sorted(handled) == [0, 2, 4, 6, 8]
+        pending: Any = await redis.xpending(keys.event_partitions[0], "stops-at-the-last")
+        assert pending["pending"] == 0
+    finally:
+        await redis.aclose()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,13 +238,20 @@ class Retention:
                 raise
 
     async def read(
-        self, stream: str, group: str, consumer: str, count: int
+        self, stream: str, group: str, consumer: str, count: int, acks: Sequence[bytes] = ()
     ) -> tuple[list[Entry], Gap | None, str]:
         """New entries for ``consumer`` (at most ``count``, without blocking); the gap the hard
         cap left before them, settled, which the caller must :meth:`record`; and, when it read
         nothing, the stream's last id (to wait for newer ones with ``XREAD BLOCK``; "" when it
         read something and that was not asked of Redis). NOGROUP if the group is gone.
-        A ``count`` of 0 reads nothing (Redis would read everything: ``COUNT 0``)."""
+        A ``count`` of 0 reads nothing (Redis would read everything: ``COUNT 0``).
+
+        ``acks``: entries of ``stream`` the consumer handled, acknowledged first, in the same
+        write as the read (one round trip a batch); acknowledged once this returns (Redis
+        refusing the XACK is logged: they stay pending, claimed and run again)."""
+        if acks and (not count or stream not in self._loaded):
+            await self.redis.xack(stream, group, *acks)  # the rare paths below send it alone
+            acks = ()
         if not count:
             return [], *await self._settled(stream, group)
         # The check, then the read, pipelined: Redis runs the commands a client sent together one
@@ -266,10 +274,12 @@ class Retention:
             self._loaded.add(stream)
             if first_gap is not None:
                 return [], first_gap, last
+        ack = [("XACK", stream, group, *acks)] if acks else []
         try:
-            checked, got = await pipelined(
+            *acked, checked, got = await pipelined(
                 self.redis,
                 [
+                    *ack,
                     ("EVALSHA", self._check.sha, 1, stream, group, "1"),
                     (
                         "XREADGROUP",
@@ -289,6 +299,8 @@ class Retention:
             raise
         if isinstance(got, Exception):
             raise got
+        if acked and isinstance(acked[0], Exception):
+            log.warning("could not acknowledge %d entries of %s: %s", len(acks), stream, acked[0])
         entries: list[Entry] = []
         for _, batch in got or ():
             entries.extend(batch)

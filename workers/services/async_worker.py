@@ -11,7 +11,9 @@
   does, waits in one ``XREAD BLOCK`` (``BLOCK_MS``), so an idle replica sends a few commands a
   second, not a read of every partition every few milliseconds.
 * Batches: XREADGROUP COUNT ``batch_size``; each event runs under the async timeout (5 s);
-  every entry handled in a batch is acknowledged in one XACK. A batch hook (``on_batch``,
+  every entry handled in a batch is acknowledged in one XACK, sent with the lane's next read of
+  the stream (one round trip a batch) unless the batch also has dead letters or failures to
+  record. A batch hook (``on_batch``,
   ``on_audit``) gets the whole batch in one call; if that call fails, the batch is halved until
   the entries it fails on are alone, so one poison entry holds back no other.
 * At least once: an entry is acknowledged only after the hook returned. One that failed stays
@@ -323,6 +325,9 @@ class AsyncHookWorker:
         """Read ``stream`` while this replica reads it: entries claimed from a silent replica
         first, then new ones; when it has none, wait for one (:meth:`_wait`)."""
         held, claimed, wake = self._in_flight[stream], self._claimed[stream], self._wake[stream]
+        # Handled, not yet acknowledged: the lane's next read sends the XACK in its own write
+        # (the stream's node), one round trip a batch instead of two; the lane's end sends it.
+        acks: list[bytes] = []
         try:
             while not stop.is_set() and stream in self._reading:
                 wake.clear()
@@ -330,7 +335,7 @@ class AsyncHookWorker:
                     entries = claimed.popleft()  # already held (_claim)
                 else:
                     try:
-                        entries = await self._read_new(stream)
+                        entries = await self._read_new(stream, acks)
                         if not entries:
                             await self._wait(stream, wake)
                             continue
@@ -348,7 +353,7 @@ class AsyncHookWorker:
                 ids = [entry_id for entry_id, _ in entries]
                 held.update(ids)
                 try:
-                    await self.process(stream, entries)
+                    await self.process(stream, entries, acks)
                 except UNREACHABLE as exc:  # lost mid-batch: what was not acknowledged stays
                     log.warning(
                         "Redis unreachable mid-batch (%s); its entries will be retried", exc
@@ -363,6 +368,11 @@ class AsyncHookWorker:
         finally:  # claimed and not run: given back (pending; the stream's reader claims them)
             while claimed:
                 held.difference_update(entry_id for entry_id, _ in claimed.popleft())
+            if acks:  # handled: acknowledged before another replica may take the stream over
+                try:
+                    await self.redis.xack(stream, self.group, *acks)
+                except UNREACHABLE as exc:  # pending: claimed and run again (at least once)
+                    log.warning("could not acknowledge %d of %s: %s", len(acks), stream, exc)
 
     async def _refused(self, exc: ResponseError) -> None:
         if not group_lost(exc):
@@ -410,14 +420,16 @@ class AsyncHookWorker:
                 self.group, self.replica, len(set(live) | {self.replica}), ", ".join(mine),
             )  # fmt: skip
 
-    async def _read_new(self, stream: str) -> list[Entry]:
+    async def _read_new(self, stream: str, acks: list[bytes] | None = None) -> list[Entry]:
         """New entries of ``stream`` for this replica, without blocking; what the hard cap cut
         before them is recorded (bus/transport/retention.py). Why not XREADGROUP BLOCK: a blocked
         read could pass over entries the cap cut meanwhile without counting them; so the read loop
         waits with a plain XREAD BLOCK and then reads here."""
         entries, gap, self._last_id[stream] = await self.retention.read(
-            stream, self.group, self.replica, self.batch_size
+            stream, self.group, self.replica, self.batch_size, acks or ()
         )
+        if acks:
+            acks.clear()  # acknowledged by that read
         if gap:
             self._gaps.append(gap)
         try:
@@ -437,10 +449,14 @@ class AsyncHookWorker:
 
     # -- one batch -----------------------------------------------------------------------------
 
-    async def process(self, stream: str, entries: Sequence[Entry]) -> None:
-        """Run the hook on ``entries``; acknowledge what it handled, dead-letter what is bad."""
+    async def process(
+        self, stream: str, entries: Sequence[Entry], carry: list[bytes] | None = None
+    ) -> None:
+        """Run the hook on ``entries``; acknowledge what it handled, dead-letter what is bad.
+        ``carry``: when there is nothing but acknowledgements to send, they go there instead,
+        for the lane's next read to send (:meth:`_lane`)."""
         if stream == self.keys.audit:
-            await self._process_audit(entries)
+            await self._process_audit(entries, carry)
             return
         decoded, dead, acks = self._decode(stream, entries, decode_event)
         todo: list[tuple[bytes, DeliveredEvent]] = []
@@ -486,9 +502,9 @@ class AsyncHookWorker:
         self.stats["dead_lettered"] += len(dead)
         if dead:
             telemetry.count_dead_letters(self.group, len(dead))
-        await self._settle(stream, acks, dead, failures)
+        await self._settle(stream, acks, dead, failures, carry)
 
-    async def _process_audit(self, entries: Sequence[Entry]) -> None:
+    async def _process_audit(self, entries: Sequence[Entry], carry: list[bytes] | None) -> None:
         """Hand audit records to ``on_audit`` in one call (split only if it fails:
         :meth:`_call_batch`); acknowledge those handled, leave the others to be retried."""
         records, dead, acks = self._decode(
@@ -501,7 +517,7 @@ class AsyncHookWorker:
         self.stats["dead_lettered"] += len(dead)
         if dead:
             telemetry.count_dead_letters(self.group, len(dead))
-        await self._settle(self.keys.audit, acks, dead, failures)
+        await self._settle(self.keys.audit, acks, dead, failures, carry)
 
     def _decode(
         self, stream: str, entries: Sequence[Entry], parse: Callable[[bytes], T]
@@ -643,9 +659,18 @@ class AsyncHookWorker:
         return None
 
     async def _settle(
-        self, stream: str, acks: list[bytes], dead: list[dict[Any, Any]], failed: dict[bytes, str]
+        self,
+        stream: str,
+        acks: list[bytes],
+        dead: list[dict[Any, Any]],
+        failed: dict[bytes, str],
+        carry: list[bytes] | None = None,
     ) -> None:
-        """Dead letters, failure reasons and acknowledgements in one round trip."""
+        """Dead letters, failure reasons and acknowledgements in one round trip; with ``carry``
+        and nothing but acknowledgements, none: they go with the lane's next read."""
+        if carry is not None and not dead and not failed:
+            carry += acks
+            return
         commands: list[tuple[Any, ...]] = [
             ("XADD", self.dlq, "MAXLEN", "~", DLQ_MAXLEN, "*", *_flat(entry)) for entry in dead
         ]
