@@ -374,6 +374,30 @@ def test_the_figures_in_the_docs_are_the_policys() -> None:
     assert "registration, from 0.1 s to at most 2 s" in docs["reliability.md"]
 
 
+@contextlib.asynccontextmanager
+async def cut_under_the_hooks_user(bus_settings: BusSettings) -> Any:
+    """The settings of a Redis user made as ``hookbus acl`` makes the async hook ``Failing``'s,
+    and an entry of the first partition that a dead replica left pending and the hard cap then
+    cut: yields (settings, stream, entry id, admin client, keys)."""
+    admin = Redis.from_url(bus_settings.redis_url)
+    keys = Keys(bus_settings.prefix)
+    user = f"hook-acl-{new_id()[:6]}"
+    generated = hook_rules(HookUser(name="Failing", kind="async"))  # for the prefix hookbus
+    rules = generated.replace("hookbus:", f"{bus_settings.prefix}:").split()[1:]  # but "on"
+    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
+    url = bus_settings.redis_url.replace("redis://", f"redis://{user}:pw@", 1)
+    stream = keys.event_partitions[0]
+    try:
+        cut = await admin.xadd(stream, {DATA_FIELD: encode(tool_event("cut"))})
+        await Retention(admin, keys).create_group(stream, "Failing", "0")
+        await admin.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)
+        await admin.xdel(stream, cut)  # as the hard cap cuts
+        yield msgspec.structs.replace(bus_settings, redis_url=url), stream, cut, admin, keys
+    finally:
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
+
+
 async def test_a_pending_entry_the_cap_cut_is_dead_lettered_under_the_hooks_own_acl_user(
     bus_settings: BusSettings,
 ) -> None:
@@ -381,21 +405,7 @@ async def test_a_pending_entry_the_cap_cut_is_dead_lettered_under_the_hooks_own_
     the hook: a pending entry the hard cap cut (a dead replica's) becomes a dead letter, counted
     as lost (the check that it is gone, an XRANGE, was refused to that user, and the entry was
     lost with no record at all)."""
-    admin = Redis.from_url(bus_settings.redis_url)
-    keys = Keys(bus_settings.prefix)
-    user = f"hook-acl-{new_id()[:6]}"
-    generated = hook_rules(HookUser(name="Failing", kind="async"))  # for the prefix hookbus
-    rules = generated.replace("hookbus:", f"{bus_settings.prefix}:").split()[1:]  # but "on"
-    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
-    stream = keys.event_partitions[0]
-    worker = None
-    try:
-        cut = await admin.xadd(stream, {DATA_FIELD: encode(tool_event("cut"))})
-        await Retention(admin, keys).create_group(stream, "Failing", "0")
-        await admin.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)
-        await admin.xdel(stream, cut)  # as the hard cap cuts
-        url = bus_settings.redis_url.replace("redis://", f"redis://{user}:pw@", 1)
-        settings = msgspec.structs.replace(bus_settings, redis_url=url)
+    async with cut_under_the_hooks_user(bus_settings) as (settings, stream, cut, admin, keys):
         worker = AsyncHookWorker(Failing(), settings, start="0", max_deliveries=5)
         stop = asyncio.Event()
         run = asyncio.create_task(worker.run(stop))
@@ -410,9 +420,6 @@ async def test_a_pending_entry_the_cap_cut_is_dead_lettered_under_the_hooks_own_
         assert letter[b"entry_id"] == cut and TRIMMED.encode() in letter[b"reason"]
         assert worker.stats["lost"] == 1
         assert (await admin.xpending(stream, "Failing"))["pending"] == 0
-    finally:
-        await admin.execute_command("ACL", "DELUSER", user)
-        await admin.aclose()
 
 
 async def test_a_due_entry_behind_a_window_of_entries_backing_off_is_claimed(
@@ -451,29 +458,15 @@ async def test_a_cut_pending_entry_two_replicas_both_find_gone_is_recorded_once(
     """Two replicas' claim passes can both XCLAIM one pending entry the hard cap cut: the first
     drops it from the group, the second finds it gone, and each sees it missing. It is one loss:
     one dead letter, counted once (it was recorded by both), under the hook's own ACL user."""
-    admin = Redis.from_url(bus_settings.redis_url)
-    keys = Keys(bus_settings.prefix)
-    user = f"hook-acl-{new_id()[:6]}"
-    generated = hook_rules(HookUser(name="Failing", kind="async"))  # for the prefix hookbus
-    rules = generated.replace("hookbus:", f"{bus_settings.prefix}:").split()[1:]  # but "on"
-    await admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
-    url = bus_settings.redis_url.replace("redis://", f"redis://{user}:pw@", 1)
-    settings = msgspec.structs.replace(bus_settings, redis_url=url)
-    stream = keys.event_partitions[0]
-    replicas = [AsyncHookWorker(Failing(), settings, start="0") for _ in range(2)]
-    try:
-        cut = await admin.xadd(stream, {DATA_FIELD: encode(tool_event("cut"))})
-        await Retention(admin, keys).create_group(stream, "Failing", "0")
-        await admin.xreadgroup("Failing", "dead-replica", {stream: ">"}, count=1)
-        await admin.xdel(stream, cut)  # as the hard cap cuts
-        for replica in replicas:  # each one's XCLAIM did not return it
-            await replica._record_cut(stream, [cut])
+    async with cut_under_the_hooks_user(bus_settings) as (settings, stream, cut, admin, keys):
+        replicas = [AsyncHookWorker(Failing(), settings, start="0") for _ in range(2)]
+        try:
+            for replica in replicas:  # each one's XCLAIM did not return it
+                await replica._record_cut(stream, [cut])
+        finally:
+            for replica in replicas:
+                await replica.redis.aclose()
         (letter,) = [f for _, f in await admin.xrange(keys.hook_dlq("Failing"))]
         assert letter[b"entry_id"] == cut and TRIMMED.encode() in letter[b"reason"]
         assert await admin.hget(keys.lost("Failing"), stream) == b"1"
         assert [r.stats["lost"] for r in replicas] == [1, 0]
-    finally:
-        for replica in replicas:
-            await replica.redis.aclose()
-        await admin.execute_command("ACL", "DELUSER", user)
-        await admin.aclose()
