@@ -220,7 +220,9 @@ def local_call(spec: HookSpec, method: Callable[[Any], Any]) -> LocalCall:
 # when, and which driver drives (a driver handed to a task with a suspended hook is no longer
 # it). A list, not an object: made for every dispatch, and a class's __init__ cost a third of
 # a no-op hook.
-_Cursor = list[Any]  # [hook index, its start (perf_counter), the driving driver's number]
+# [hook index, its start (perf_counter), the driving driver's number, the dispatch's start
+# (perf_counter)]; once a hook suspended, [4]: the dispatch's start in event-loop time.
+_Cursor = list[Any]
 
 
 async def _drive_hooks(
@@ -305,7 +307,8 @@ def start_local(
     if calls is None:
         calls = [local_call(t.spec, t.methods[event]) for t in targets]
     outcomes: list[Outcome | None] = [None] * len(calls)
-    cursor: _Cursor = [0, time.perf_counter(), 0]
+    began = time.perf_counter()
+    cursor: _Cursor = [0, began, 0, began]
     inside = _inside_hook.set(True)  # the hooks started here (and their tasks) are inside
     try:
         driver = _drive_hooks(event, ctx, calls, outcomes, default_timeout, timed, 0, cursor)
@@ -321,7 +324,7 @@ def start_local(
     if not pending:
         return outcomes  # type: ignore[return-value]  # every slot is filled
     return _finish_local(event, ctx, targets, default_timeout, outcomes, pending,
-                         cursor[3], next_hook)  # fmt: skip
+                         cursor[4], next_hook)  # fmt: skip
 
 
 def _suspended(
@@ -343,8 +346,10 @@ def _suspended(
     until the first is). Returns the index of the first hook not started."""
     perf = time.perf_counter
     loop = asyncio.get_running_loop()
-    base = loop.time() - (perf() - cursor[1])  # when the dispatch began, in loop time
-    cursor.append(base)  # cursor[3], for _finish_local
+    # When the dispatch began, in loop time (cursor[1] is only the suspended hook's start: the
+    # hooks before it that held the loop count against the deadlines too, as in run_targets).
+    base = loop.time() - (perf() - cursor[3])
+    cursor.append(base)  # cursor[4], for _finish_local
     while True:
         i: int = cursor[0]
         t0: float = cursor[1]

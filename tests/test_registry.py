@@ -605,3 +605,25 @@ async def test_session_stop_runs_hooks_that_answer_at_once_after_one_that_waits_
     reg = registry(Step("one"), Step("two"), Step("three"), Step("four"))
     await reg.run_on_session_stop(SessionStopContext(session_id="s1"))
     assert log == [f"{n}:{at}" for n in ("one", "two", "three", "four") for at in ("start", "end")]
+
+
+async def test_a_hook_waiting_after_one_that_held_the_loop_counts_from_the_dispatch_start() -> None:
+    # Deadlines count from the dispatch's start (bus/dispatch.py, run_targets' ``started``), not
+    # from when a hook that suspends was reached: a hook that held the loop before it used up
+    # the time of those after it, and a dispatch lasts no longer than its longest timeout. In
+    # parallel (PreToolUse) and one at a time (SessionStop) alike.
+    class Holds(Recorder):
+        async def _answer(self, event: HookEvent, ctx: object) -> None:
+            time.sleep(0.3)  # within its 0.5 s timeout
+
+    class Waits(Recorder):
+        async def _answer(self, event: HookEvent, ctx: object) -> None:
+            await asyncio.Event().wait()  # never answers: times out at its deadline
+
+    stop = SessionStopContext(session_id="s1")
+    for event, ctx in ((PRE, pre()), (HookEvent.ON_SESSION_STOP, stop)):
+        reg = registry(Holds("holds", timeout=0.5), Waits("waits", timeout=0.5))
+        held, waited = await reg.gather(event, ctx)
+        assert held.failure is None and waited.failure == "timeout"
+        # 0.5 s after the dispatch began, the hold's 0.3 s included; not 0.5 s after the wait began
+        assert held.elapsed + waited.elapsed < 0.5 + 0.15, (event, held.elapsed, waited.elapsed)
