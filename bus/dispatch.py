@@ -256,7 +256,10 @@ async def _drive_hooks(
                 # a plain def (refused at load; assigned to the hook later, say)
                 raise HookCrashed(not_a_coroutine(event, started))
             answer = await started
-        except Exception as exc:  # a hook's crash is an outcome, not our crash
+        # A hook's crash is an outcome, not our crash. A CancelledError here, before the hook
+        # suspended, is the hook's own (awaiting a future cancelled elsewhere, say): nothing can
+        # cancel this dispatch in the middle of a step, so it is no cancellation of ours.
+        except (Exception, asyncio.CancelledError) as exc:
             if cursor[2] != me:
                 raise  # the hook suspended, then raised: its task's error
             t1 = perf()
@@ -317,8 +320,14 @@ def start_local(
         except StopIteration:
             return outcomes  # type: ignore[return-value]  # every hook answered: slots filled
         pending: dict[asyncio.Future[Any], _Pending] = {}
-        next_hook = _suspended(event, ctx, calls, outcomes, default_timeout, timed, sequential,
-                               cursor, driver, step, pending)  # fmt: skip
+        try:
+            next_hook = _suspended(event, ctx, calls, outcomes, default_timeout, timed,
+                                   sequential, cursor, driver, step, pending)  # fmt: skip
+        except BaseException:  # a later hook raised past the dispatch (KeyboardInterrupt, say):
+            for future in pending:  # the hooks that suspended before it do not go on alone
+                future.cancel()
+                future.add_done_callback(_retrieve)
+            raise
     finally:
         _inside_hook.reset(inside)
     if not pending:

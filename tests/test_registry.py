@@ -627,3 +627,56 @@ async def test_a_hook_waiting_after_one_that_held_the_loop_counts_from_the_dispa
         assert held.failure is None and waited.failure == "timeout"
         # 0.5 s after the dispatch began, the hold's 0.3 s included; not 0.5 s after the wait began
         assert held.elapsed + waited.elapsed < 0.5 + 0.15, (event, held.elapsed, waited.elapsed)
+
+
+async def test_a_hook_raising_cancelled_error_before_it_waits_is_an_outcome() -> None:
+    # A hook that awaits a future cancelled elsewhere raises CancelledError at once: its own
+    # error, not a cancellation of the dispatch (which nothing can cancel in the middle of a
+    # step). Suspended first, it was already an outcome; now at once too, and the hook that
+    # waits before it is still answered, in its slot.
+    release = asyncio.Event()
+
+    class Waits(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> Block:
+            await release.wait()
+            return Block(reason="waited")
+
+    class Cancelled(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+            gone = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone
+
+    reg = registry(Waits("waits"), Cancelled("cancelled"), Recorder("last"), hook_timeout_secs=5)
+    dispatch = asyncio.ensure_future(reg.gather(PRE, pre()))
+    await asyncio.sleep(0)  # the dispatch starts its hooks (they do not depend on it)
+    release.set()
+    waited, cancelled, last = await asyncio.wait_for(dispatch, 5)
+    assert waited.action == Block(reason="waited")
+    assert (cancelled.failure, cancelled.detail.split(":")[0]) == ("error", "CancelledError")
+    assert last.failure is None
+
+
+async def test_a_hook_raising_past_the_dispatch_leaves_no_hook_running() -> None:
+    # KeyboardInterrupt (or SystemExit) from a hook goes through the dispatch; a hook that
+    # suspended before it is cancelled with it, not left running on its own.
+    ended: list[str] = []
+
+    class Waits(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                ended.append(self.name)
+
+    class Interrupts(Recorder):
+        async def pre_tool_use(self, ctx: PreToolUseContext) -> None:
+            raise KeyboardInterrupt
+
+    reg = registry(Waits("waits"), Interrupts("interrupts"), hook_timeout_secs=5)
+    with pytest.raises(KeyboardInterrupt):
+        await reg.gather(PRE, pre())
+    deadline = time.monotonic() + 5
+    while not ended and time.monotonic() < deadline:
+        await asyncio.sleep(0)  # the cancelled hook's task ends on the loop's next turns
+    assert ended == ["waits"]
