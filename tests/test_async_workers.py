@@ -382,3 +382,58 @@ async def test_a_replica_acknowledges_what_it_handled_when_it_stops_right_after(
         assert pending["pending"] == 0
     finally:
         await redis.aclose()
+
+
+async def test_a_claimed_batch_after_another_does_not_run_the_first_again(
+    bus_settings: BusSettings,
+) -> None:
+    """A lane sends a batch's XACK with its next read; between two claimed batches there is no
+    read, so the first one's acknowledgement goes before the second runs. Else its entries,
+    pending and no longer kept fresh while a slow second batch runs, were claimed and run again
+    with no failure anywhere."""
+    from bus import AsyncAgentHook
+    from workers.services.async_worker import AsyncHookWorker
+
+    class SlowThird(AsyncAgentHook):
+        name = "SlowThird"
+
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        async def on_step_complete_async(self, ctx: Any) -> None:
+            self.seen.append(ctx.step)
+            if ctx.step == 3:
+                await asyncio.sleep(3)  # within the 5 s async timeout, past claim_idle_secs
+
+    hook = SlowThird()
+    worker = AsyncHookWorker(hook, bus_settings)
+    keys, redis = Keys(bus_settings.prefix), Redis.from_url(bus_settings.redis_url)
+    stream = keys.event_partitions[0]
+    stop = asyncio.Event()
+    running = None
+    try:
+        await worker.register()  # its group, at "$"
+        await publish(redis, keys, [event(1), event(3)])
+        # A replica that died holding them, one a read; taken over as _claim does, two passes.
+        reads = [await redis.xreadgroup(worker.group, "gone", {stream: ">"}, count=1) for _ in "12"]
+        running = asyncio.create_task(worker.run(stop))
+        for read in reads:
+            entries = list(read[0][1])
+            await redis.xclaim(stream, worker.group, worker.replica, 0, [i for i, _ in entries])
+            worker._in_flight[stream].update(i for i, _ in entries)
+            worker._claimed[stream].append(entries)
+        worker._wake[stream].set()
+
+        async def settled() -> bool:
+            groups = await redis.xinfo_groups(stream)
+            mine = [g for g in groups if g["name"] == worker.group.encode()]
+            return 3 in hook.seen and bool(mine) and mine[0]["pending"] == 0
+
+        await wait_for(settled, 20, "both batches handled and acknowledged")
+        assert sorted(hook.seen) == [1, 3]
+        assert worker.stats["claimed"] == 0
+    finally:
+        stop.set()
+        if running is not None:
+            await asyncio.wait_for(running, 30)
+        await redis.aclose()

@@ -332,6 +332,10 @@ class AsyncHookWorker:
             while not stop.is_set() and stream in self._reading:
                 wake.clear()
                 if claimed:
+                    # No read goes before this batch to carry what the last one handled: sent
+                    # now, for those entries are no longer held (kept fresh), and while this
+                    # batch runs a claim pass would take them over and run them again.
+                    await self._ack_carried(stream, acks)
                     entries = claimed.popleft()  # already held (_claim)
                 else:
                     try:
@@ -368,11 +372,18 @@ class AsyncHookWorker:
         finally:  # claimed and not run: given back (pending; the stream's reader claims them)
             while claimed:
                 held.difference_update(entry_id for entry_id, _ in claimed.popleft())
-            if acks:  # handled: acknowledged before another replica may take the stream over
-                try:
-                    await self.redis.xack(stream, self.group, *acks)
-                except UNREACHABLE as exc:  # pending: claimed and run again (at least once)
-                    log.warning("could not acknowledge %d of %s: %s", len(acks), stream, exc)
+            # handled: acknowledged before another replica may take the stream over
+            await self._ack_carried(stream, acks)
+
+    async def _ack_carried(self, stream: str, acks: list[bytes]) -> None:
+        """Acknowledge what a lane carries for its next read, now (a failure keeps them)."""
+        if not acks:
+            return
+        try:
+            await self.redis.xack(stream, self.group, *acks)
+            acks.clear()
+        except UNREACHABLE as exc:  # pending: claimed and run again (at least once)
+            log.warning("could not acknowledge %d of %s: %s", len(acks), stream, exc)
 
     async def _refused(self, exc: ResponseError) -> None:
         if not group_lost(exc):
