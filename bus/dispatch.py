@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from contextvars import ContextVar
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from bus.actions import CONTINUE, Continue
 from bus.aggregation import Outcome, check_answer
@@ -40,6 +41,7 @@ log = logging.getLogger("hookbus.dispatch")
 _crashes = RateLimitedLog(log)
 
 Endpoint = Callable[[HookEvent, HookContext, float], Awaitable[Any]]
+T = TypeVar("T")
 
 #: An outer deadline (event-loop time) no hook of this dispatch may run past: a caller that
 #: will only wait so long (the coordinator service, for an agent's ``timeout_ms``) sets it.
@@ -95,6 +97,24 @@ def _drive(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, An
 
 async def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
     return await _drive(coro, first)
+
+
+#: Python 3.12 and later start a task eagerly: it runs as itself until it first suspends.
+EAGER_TASKS = sys.version_info >= (3, 12)
+
+
+def own_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task of its own for one hook call: started at once where Python starts tasks eagerly
+    (3.12+: it runs until it first suspends, as itself), else from the loop's next turn.
+
+    Why a task from the first step on, not ``eager`` (the first step run in the caller's task,
+    the rest moved to a task): what ties itself to the current task in that step ties itself to
+    the caller. ``asyncio.timeout`` around a hook's own slow call cancelled, when it fired, the
+    loop that read the hook's requests (the replica stopped serving), and every anyio cancel
+    scope (httpx) failed on leaving it ("in a different task than it was entered in")."""
+    if EAGER_TASKS:
+        return asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)  # type: ignore[call-arg]
+    return asyncio.get_running_loop().create_task(coro)
 
 
 def eager(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:

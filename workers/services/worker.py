@@ -39,7 +39,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from bus.aggregation import ALLOWED_ACTIONS, check_answer
-from bus.dispatch import eager, late, log_raised, not_a_coroutine, overran
+from bus.dispatch import eager, late, log_raised, not_a_coroutine, overran, own_task
 from bus.errors import ConfigError, HookCrashed, HookRetired, LimitError, ProtocolError
 from bus.events import tool_of
 from bus.hooks import SYNC_METHODS, AgentHook, spec_of
@@ -419,10 +419,13 @@ class HookWorker:
         """Start every request of one read; the answers ready at once go out together."""
         replies = Replies()
         for entry_id, fields in entries:
-            if replies.acks and self._slots.locked():  # the next waits for a slot: what is
-                await self._send(replies.close())  # answered goes out first
-                replies = Replies()
+            if self._slots.locked():  # the next waits for a slot: what is answered goes first
+                await asyncio.sleep(0)
+                if replies.acks:
+                    await self._send(replies.close())
+                    replies = Replies()
             await self._start(entry_id, fields, replies)
+        await asyncio.sleep(0)  # the requests' tasks take their first step: most answer in it
         # The reply goes to the asker's inbox; the XACK waits for the read that follows at once
         # (consume), on this stream's node: on a cluster, one write to each instead of two.
         await self._send(replies.close(), carry=True)
@@ -433,14 +436,10 @@ class HookWorker:
         if entry_id in self._in_flight or entry_id in self._settled:
             return
         await self._slots.acquire()
-        self._in_flight[entry_id] = None
-        # Eagerly: a hook that answers without waiting joins the batch's replies, on the wire
-        # before this replica re-arms its blocking read; one that waits replies on its own.
-        done, rest = eager(self._handle_safely(entry_id, fields, replies))
-        if done:
-            self._finished(entry_id)
-            return
-        task = asyncio.create_task(rest)
+        # A task of its own from the first step on (bus/dispatch.py, own_task): a hook that
+        # answers without waiting joins the batch's replies (_start_all lets the tasks take
+        # their first step before it sends them); one that waits replies on its own.
+        task = own_task(self._handle_safely(entry_id, fields, replies))
         self._in_flight[entry_id] = task
         task.add_done_callback(lambda _: self._finished(entry_id))
 
@@ -603,8 +602,9 @@ class HookWorker:
                     started.close()
                 self._too_late(event, overran(elapsed, remaining))
                 return None
-            if not done:
-                answer = await asyncio.wait_for(answer, remaining - elapsed)
+            if not done:  # the rest in this same task (not wait_for's: a task of its own)
+                async with asyncio.timeout(remaining - elapsed):
+                    answer = await answer
                 if (elapsed := time.perf_counter() - t0) > remaining:
                     self._too_late(event, late(elapsed, remaining))
                     return None
