@@ -5,10 +5,12 @@ coroutine function ``endpoint(event, ctx, deadline)``. The in-process registry's
 the hook's method; a remote endpoint sends a request and waits for the reply. Outcomes come back
 in hook order whatever order the hooks finish in, so aggregation never depends on timing.
 
-Hot path: each hook coroutine is started eagerly (one ``send``) in the caller's task. Most hooks
-answer without suspending, and then no task, no timer and no event-loop round trip is created.
-Only a hook that really awaits is wrapped in a task and put under its deadline. (Python 3.12's
-eager task factory does the same thing; HookBus supports 3.11.)
+Hot path (hooks of this process, ``start_local``): the hooks are awaited one after the other
+by a driver coroutine in the caller's task. Most hooks answer without suspending, and then no
+task, no timer and no event-loop round trip is created. Every hook runs in one task from its
+first step to its end: the first that suspends is finished by the caller's task, under its
+deadline, and the hooks after it by a task of their own (``own_task``), so what a hook ties to
+its current task (``asyncio.timeout``, anyio's cancel scopes) is never another's.
 
 What nothing can pre-empt is still judged: a hook that holds the event loop past its timeout
 (a blocking call in an ``async def``) answers too late to count, so its answer is recorded as
@@ -184,14 +186,12 @@ def late(seconds: float, timeout: float) -> str:
 
 
 def _start(
-    event: HookEvent,
-    ctx: HookContext,
-    target: DispatchTarget,
-    deadline: float,
-    timeout: float,
-    loop: asyncio.AbstractEventLoop,
+    event: HookEvent, ctx: HookContext, target: DispatchTarget, deadline: float
 ) -> tuple[bool, Any]:
-    """Start one hook: ``(True, outcome)`` if it answered at once, else ``(False, future)``."""
+    """Start one hook: ``(True, outcome)`` if it could not start, else ``(False, (future,
+    start))``. A hook of this process runs in a task of its own (``own_task``): whatever it
+    ties to the current task is its own; its answer is judged when collected, late if after
+    its deadline."""
     t0 = time.perf_counter()
     try:
         started = target.endpoint(event, ctx, deadline)
@@ -201,18 +201,9 @@ def _start(
             if not isinstance(started, Awaitable):
                 raise HookCrashed(not_a_coroutine(event, started))
             started = _await(started)
-        done, result = eager(started)
     except Exception as exc:  # a hook's crash is an outcome, not our crash
         return True, _failure(event, target.spec, exc, time.perf_counter() - t0)
-    elapsed = time.perf_counter() - t0
-    if loop.time() > deadline:  # it held the loop past its deadline: nothing could stop it
-        if not done:  # it yielded at last, too late: what is left of it never runs
-            result.close()
-            started.close()
-        return True, Outcome(target.spec, None, "timeout", overran(elapsed, timeout), elapsed)
-    if done:
-        return True, check_answer(event, target.spec, result, elapsed)
-    return False, (loop.create_task(result), t0)
+    return False, (own_task(started), t0)
 
 
 _Pending = tuple[int, float, float, float]  # index, deadline, start, timeout
@@ -240,8 +231,7 @@ def local_call(spec: HookSpec, method: Callable[[Any], Any]) -> LocalCall:
 # when, and which driver drives (a driver handed to a task with a suspended hook is no longer
 # it). A list, not an object: made for every dispatch, and a class's __init__ cost a third of
 # a no-op hook.
-# [hook index, its start (perf_counter), the driving driver's number, the dispatch's start
-# (perf_counter)]; once a hook suspended, [4]: the dispatch's start in event-loop time.
+# [hook index, its start (perf_counter), the driving driver's number]
 _Cursor = list[Any]
 
 
@@ -321,9 +311,11 @@ def start_local(
     own calls per hook (the endpoint wrapper, ``_start``, ``eager``, tuples, a deadline worked
     out for every hook, a coroutine per level) than the hooks took. Here one driver coroutine
     (``_drive_hooks``) awaits the hooks one after the other; a deadline is worked out only for
-    a hook that suspends, which then goes on in a task under it, as in the general loop, and a
-    new driver calls the hooks after it. A hook's time is measured from the end of the one
-    before (one clock read per hook).
+    a hook that suspends. The caller's task finishes that hook under it (``_finish``): its first
+    step ran in this task, and what it tied to the current task then (``asyncio.timeout``,
+    anyio's cancel scopes: httpx) stays right. The hooks after it go on side by side in a task
+    of their own (``_chain``), or, in a sequential dispatch, here one at a time. A hook's time
+    is measured from the end of the one before (one clock read per hook).
     """
     if not targets:
         return []
@@ -331,7 +323,7 @@ def start_local(
         calls = [local_call(t.spec, t.methods[event]) for t in targets]
     outcomes: list[Outcome | None] = [None] * len(calls)
     began = time.perf_counter()
-    cursor: _Cursor = [0, began, 0, began]
+    cursor: _Cursor = [0, began, 0]
     inside = _inside_hook.set(True)  # the hooks started here (and their tasks) are inside
     try:
         driver = _drive_hooks(event, ctx, calls, outcomes, default_timeout, timed, 0, cursor)
@@ -339,93 +331,131 @@ def start_local(
             step = driver.send(None)
         except StopIteration:
             return outcomes  # type: ignore[return-value]  # every hook answered: slots filled
-        pending: dict[asyncio.Future[Any], _Pending] = {}
-        try:
-            next_hook = _suspended(event, ctx, calls, outcomes, default_timeout, timed,
-                                   sequential, cursor, driver, step, pending)  # fmt: skip
-        except BaseException:  # a later hook raised past the dispatch (KeyboardInterrupt, say):
-            for future in pending:  # the hooks that suspended before it do not go on alone
-                future.cancel()
-                future.add_done_callback(_retrieve)
-            raise
+        # A hook suspended: the caller's task finishes it (its first step ran here: what it tied
+        # to the current task is this one's), the hooks after it go on in a task of their own.
+        base = asyncio.get_running_loop().time() - (time.perf_counter() - began)
+        rest = _Rest(event, ctx, calls, outcomes, default_timeout, timed, base)
+        others = None
+        if not sequential and cursor[0] + 1 < len(calls):
+            others = own_task(_chain(rest, cursor[0] + 1, False))  # copies "inside a hook"
+        return _finish(rest, cursor, driver, step, others, sequential)
     finally:
         _inside_hook.reset(inside)
-    if not pending:
-        return outcomes  # type: ignore[return-value]  # every slot is filled
-    return _finish_local(event, ctx, targets, default_timeout, outcomes, pending,
-                         cursor[4], next_hook)  # fmt: skip
 
 
-def _suspended(
-    event: HookEvent,
-    ctx: HookContext,
-    calls: Sequence[LocalCall],
-    outcomes: list[Outcome | None],
-    default_timeout: float,
-    timed: bool,
-    sequential: bool,
+class _Rest(NamedTuple):
+    """An in-process dispatch one of whose hooks suspended (``start_local``): what the tasks
+    that finish it share. ``base``: when the dispatch began, in event-loop time."""
+
+    event: HookEvent
+    ctx: HookContext
+    calls: Sequence[LocalCall]
+    outcomes: list[Outcome | None]
+    default_timeout: float
+    timed: bool
+    base: float
+
+
+async def _finish(
+    rest: _Rest,
     cursor: _Cursor,
     driver: Coroutine[Any, Any, Any],
     step: Any,
-    pending: dict[asyncio.Future[Any], _Pending],
-) -> int:
-    """A hook of ``start_local``'s suspended in ``driver`` (its first step yielded ``step``):
-    hand the driver to a task under the hook's deadline and start the hooks after it with new
-    drivers, until every hook has answered or is in a task (in a sequential dispatch, only
-    until the first is). Returns the index of the first hook not started."""
-    perf = time.perf_counter
-    loop = asyncio.get_running_loop()
-    # When the dispatch began, in loop time (cursor[1] is only the suspended hook's start: the
-    # hooks before it that held the loop count against the deadlines too, as in run_targets).
-    base = loop.time() - (perf() - cursor[3])
-    cursor.append(base)  # cursor[4], for _finish_local
-    while True:
-        i: int = cursor[0]
-        t0: float = cursor[1]
-        cursor[2] += 1  # the driver is the task's now; the next hooks get a new one
-        spec, limit = calls[i].spec, calls[i].timeout or default_timeout
-        t1 = perf()
-        if t1 - t0 > limit:  # it held the loop past its timeout before it yielded at last:
-            driver.close()  # too late; what is left of it never runs
-            outcomes[i] = Outcome(spec, None, "timeout", overran(t1 - t0, limit), t1 - t0)
-        else:
-            deadline, timeout = base + limit, limit
-            cap = deadline_cap.get()
-            if cap is not None and cap < deadline:
-                deadline, timeout = cap, max(0.0, cap - base)
-            pending[loop.create_task(_resume(driver, step))] = (i, deadline, t0, timeout)
+    others: asyncio.Task[None] | None,
+    sequential: bool,
+) -> list[Outcome]:
+    """The rest of a dispatch whose hook ``cursor[0]`` suspended in the caller's task: finish
+    that hook here; then, in a sequential dispatch, the hooks after it here one at a time,
+    else wait for ``others`` (the task running them)."""
+    inside = _inside_hook.set(True)
+    try:
+        try:
+            await _see_through(rest, cursor, driver, step)
             if sequential:
-                return i + 1
-        if i + 1 == len(calls):
-            return i + 1
-        cursor[1] = perf()
-        driver = _drive_hooks(event, ctx, calls, outcomes, default_timeout, timed, i + 1, cursor)
+                await _chain(rest, cursor[0] + 1, True)
+        except BaseException:  # the dispatch cancelled: the hooks after it do not go on alone
+            if others is not None:
+                others.cancel()
+            raise
+        if others is not None:
+            await others
+    finally:
+        _inside_hook.reset(inside)
+    return rest.outcomes  # type: ignore[return-value]  # every slot is filled by now
+
+
+async def _chain(rest: _Rest, first: int, sequential: bool) -> None:
+    """The hooks from ``first`` on, in this task, each started by a driver as in
+    ``start_local``; the first that suspends this task finishes, under its deadline, while
+    (unless ``sequential``) the hooks after it go on in a task of their own. So every hook runs
+    in one task from its first step to its end (``own_task``)."""
+    calls = rest.calls
+    k = first
+    while k < len(calls):
+        cursor: _Cursor = [k, time.perf_counter(), 0]
+        driver = _drive_hooks(rest.event, rest.ctx, calls, rest.outcomes, rest.default_timeout,
+                              rest.timed, k, cursor)  # fmt: skip
         try:
             step = driver.send(None)
         except StopIteration:
-            return len(calls)
+            return
+        i: int = cursor[0]
+        others = None if sequential or i + 1 == len(calls) else own_task(_chain(rest, i + 1, False))
+        try:
+            await _see_through(rest, cursor, driver, step)
+        except BaseException:
+            if others is not None:
+                others.cancel()
+            raise
+        if others is not None:
+            await others
+            return
+        k = i + 1
 
 
-async def _finish_local(
-    event: HookEvent,
-    ctx: HookContext,
-    targets: Sequence[Any],
-    default_timeout: float,
-    outcomes: list[Outcome | None],
-    pending: dict[asyncio.Future[Any], _Pending],
-    base: float,
-    next_hook: int,
-) -> list[Outcome]:
-    """Wait for the hooks that suspended; in a sequential dispatch, then run the rest one at a
-    time, their deadlines counted from the dispatch's start (``base``, event-loop time) as the
-    first ones' were."""
-    loop = asyncio.get_running_loop()
-    await _collect(event, targets, outcomes, pending, loop)
-    if next_hook < len(targets):
-        outcomes[next_hook:] = await run_targets(
-            event, ctx, targets[next_hook:], default_timeout, sequential=True, started=base
-        )
-    return outcomes  # type: ignore[return-value]  # every slot is filled by now
+async def _see_through(
+    rest: _Rest, cursor: _Cursor, driver: Coroutine[Any, Any, Any], step: Any
+) -> None:
+    """Finish hook ``cursor[0]``, which suspended in ``driver`` (its first step yielded
+    ``step``), in this task, under its deadline (from the dispatch's start), and put its
+    outcome in its slot. What nothing could pre-empt is still judged: a first step that held
+    the loop past the timeout (``overran``), an answer after the deadline (``late``)."""
+    i: int = cursor[0]
+    t0: float = cursor[1]
+    cursor[2] += 1  # the driver returns this hook's answer and calls no more hooks
+    spec, limit = rest.calls[i].spec, rest.calls[i].timeout or rest.default_timeout
+    perf = time.perf_counter
+    if (t1 := perf()) - t0 > limit:  # it yielded at last, too late: the rest of it never runs
+        driver.close()
+        rest.outcomes[i] = Outcome(spec, None, "timeout", overran(t1 - t0, limit), t1 - t0)
+        return
+    deadline, timeout = rest.base + limit, limit
+    cap = deadline_cap.get()
+    if cap is not None and cap < deadline:
+        deadline, timeout = cap, max(0.0, cap - rest.base)
+    try:
+        async with asyncio.timeout_at(deadline):
+            answer = await _drive(driver, step)
+    except TimeoutError:
+        why = f"no answer within {timeout:g}s"
+        rest.outcomes[i] = Outcome(spec, None, "timeout", why, perf() - t0)
+        return
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the dispatch is cancelled
+        rest.outcomes[i] = _failure(rest.event, spec, exc, perf() - t0)  # the hook's own
+        return
+    except Exception as exc:
+        rest.outcomes[i] = _failure(rest.event, spec, exc, perf() - t0)
+        return
+    elapsed = perf() - t0
+    if elapsed > timeout:  # the loop was blocked past its deadline: too late all the same
+        rest.outcomes[i] = Outcome(spec, None, "timeout", late(elapsed, timeout), elapsed)
+    elif type(answer) is Continue and not rest.timed:
+        rest.outcomes[i] = rest.calls[i].continued
+    else:
+        rest.outcomes[i] = check_answer(rest.event, spec, answer, elapsed)
 
 
 async def run_targets(
@@ -466,7 +496,7 @@ async def run_targets(
             deadline = base + timeout
             if cap is not None and cap < deadline:
                 deadline, timeout = cap, max(0.0, cap - base)
-            done, state = _start(event, ctx, target, deadline, timeout, loop)
+            done, state = _start(event, ctx, target, deadline)
             if done:
                 outcomes[i] = state
                 continue

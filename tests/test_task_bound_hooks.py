@@ -119,3 +119,40 @@ async def test_an_async_hooks_own_timeouts_fire_on_its_call_and_its_lane_reads_o
         stop.set()
         await asyncio.wait_for(run, 30)
         await redis.aclose()
+
+
+class GuardedEverywhere(AgentHook):
+    """Guards a slow call of its own on every event it takes, embedded as well."""
+
+    subscribed_events = (HookEvent.PRE_TOOL_USE, HookEvent.ON_SESSION_STOP)
+
+    def __init__(self, name: str, kind: str) -> None:
+        self.name, self.kind = name, kind
+        self.said: list[str] = []
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> Block:
+        return Block(reason=await guarded_sub_call(self.kind))
+
+    async def on_session_stop(self, ctx: Any) -> None:
+        self.said.append(await guarded_sub_call(self.kind))
+
+
+async def test_embedded_hooks_own_timeouts_fire_on_their_calls_side_by_side_and_in_turn() -> None:
+    """In-process, the first hook that suspends is finished by the caller's task (its first
+    step ran there) and the hooks after it by a task of their own: every hook's own timeout
+    and cancel scope belongs to the task that runs it, side by side (PreToolUse) and one at a
+    time (OnSessionStop). Before, the dispatch itself was cancelled, or the scope failed."""
+    from bus import HookRegistry, HookSettings, SessionStopContext
+
+    hooks = [GuardedEverywhere(f"g{i}", kind) for i, kind in enumerate(("asyncio", "anyio") * 2)]
+    registry = HookRegistry(HookSettings(hook_timeout_secs=5))
+    for hook in hooks:
+        registry.add(hook)
+    ctx = PreToolUseContext(session_id="s", tool_name="t", tool_args={})
+    result = await asyncio.wait_for(registry.run_pre_tool_use(ctx), 10)
+    assert [(b.hook_name, b.reason) for b in result.blocking_errors] == [
+        (h.name, f"{h.kind} guard fired") for h in hooks
+    ]
+    assert result.skipped == ()
+    await asyncio.wait_for(registry.run_on_session_stop(SessionStopContext(session_id="s")), 10)
+    assert [h.said for h in hooks] == [[f"{h.kind} guard fired"] for h in hooks]
