@@ -119,6 +119,21 @@ def own_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     return asyncio.get_running_loop().create_task(coro)
 
 
+async def then_others(first: Awaitable[T], others: asyncio.Task[Any] | None) -> T:
+    """Await ``first`` (a suspended hook call finished in this task), then ``others`` (the task
+    running the calls after it), and return what ``first`` did; if ``first`` is cancelled or
+    raises past its handler, cancel ``others``: no call goes on alone."""
+    try:
+        result = await first
+    except BaseException:
+        if others is not None:
+            others.cancel()
+        raise
+    if others is not None:
+        await others
+    return result
+
+
 def eager(coro: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
     """Run a coroutine's first step now: ``(True, result)`` if that finished it, else
     ``(False, rest)`` where ``rest`` is a coroutine to finish in a task. Raises what it raises."""
@@ -369,16 +384,9 @@ async def _finish(
     else wait for ``others`` (the task running them)."""
     inside = _inside_hook.set(True)
     try:
-        try:
-            await _see_through(rest, cursor, driver, step)
-            if sequential:
-                await _chain(rest, cursor[0] + 1, True)
-        except BaseException:  # the dispatch cancelled: the hooks after it do not go on alone
-            if others is not None:
-                others.cancel()
-            raise
-        if others is not None:
-            await others
+        await then_others(_see_through(rest, cursor, driver, step), others)
+        if sequential:
+            await _chain(rest, cursor[0] + 1, True)
     finally:
         _inside_hook.reset(inside)
     return rest.outcomes  # type: ignore[return-value]  # every slot is filled by now
@@ -401,14 +409,8 @@ async def _chain(rest: _Rest, first: int, sequential: bool) -> None:
             return
         i: int = cursor[0]
         others = None if sequential or i + 1 == len(calls) else own_task(_chain(rest, i + 1, False))
-        try:
-            await _see_through(rest, cursor, driver, step)
-        except BaseException:
-            if others is not None:
-                others.cancel()
-            raise
+        await then_others(_see_through(rest, cursor, driver, step), others)
         if others is not None:
-            await others
             return
         k = i + 1
 

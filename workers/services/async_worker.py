@@ -60,7 +60,7 @@ from opentelemetry.trace import Status, StatusCode
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from bus.dispatch import eager, own_task
+from bus.dispatch import eager, own_task, then_others
 from bus.errors import HookRetired, ProtocolError
 from bus.events import TOOL_EVENTS, HookEvent, session_of, tool_of
 from bus.hooks import ASYNC_METHODS, AsyncAgentHook, DeliveredEvent, current_event, spec_of
@@ -137,6 +137,19 @@ def share(partitions: Sequence[str], live: Sequence[str], replica: str) -> tuple
 
 def _flat(mapping: dict[Any, Any]) -> list[Any]:
     return [item for pair in mapping.items() for item in pair]
+
+
+async def _finished_by(call: Any, deadline: float, timeout: float) -> str | None:
+    """Finish a suspended hook call in this task by ``deadline`` (loop time): None if it
+    returned, else why it did not."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await call
+    except TimeoutError:
+        return f"timed out after {timeout:g}s"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class AsyncHookWorker:
@@ -593,19 +606,9 @@ class AsyncHookWorker:
             if done:
                 continue
             others = own_task(self._chain(todo, k + 1, failures)) if k + 1 < len(todo) else None
-            try:
-                async with asyncio.timeout_at(began + timeout):
-                    await rest
-            except TimeoutError:
-                failures[entry_id] = f"timed out after {timeout:g}s"
-            except Exception as exc:
-                failures[entry_id] = f"{type(exc).__name__}: {exc}"
-            except BaseException:  # cancelled (the replica stopping): the calls after it too
-                if others is not None:
-                    others.cancel()
-                raise
-            if others is not None:
-                await others
+            why = _finished_by(rest, began + timeout, timeout)
+            if (failed := await then_others(why, others)) is not None:
+                failures[entry_id] = failed
             return
 
     async def _call_batch(
