@@ -18,6 +18,9 @@ a timeout, with a line that says what to change (``overran``), as is an answer t
 the hook's deadline because the loop was blocked. A hook method that returns something other
 than an awaitable (a plain ``def``, refused at load by ``spec_of``) fails; a hook that raises
 fails, and its traceback is logged here, once per kind (bus/ratelog.py).
+
+Why one module: the in-process hot path and the general loop share one meaning of a hook's
+outcome (timeouts, crashes, overruns, hook order) and its helpers; split, they would drift.
 """
 
 from __future__ import annotations
