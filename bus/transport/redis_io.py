@@ -896,6 +896,13 @@ class Acks(list[bytes]):
 
     taken = True
 
+    def hand(self, entry_ids: Sequence[bytes]) -> bool:
+        """Give ``entry_ids`` to the reader; False if it has stopped (acknowledge them
+        yourself)."""
+        if self.taken:
+            self.extend(entry_ids)
+        return self.taken
+
 
 async def consume(
     redis: Redis,

@@ -684,9 +684,7 @@ class CoordinatorService:
                                         expire=True, ack=not carry)  # fmt: skip
         if unsent is None:  # not acknowledged: answered again when claimed
             return False
-        if carry and acks.taken:
-            acks.append(entry_id)
-        elif carry:  # the reader stopped while the reply went out
+        if carry and not acks.hand([entry_id]):  # the reader stopped while the reply went out
             with contextlib.suppress(*UNREACHABLE):  # else pending: answered again if claimed
                 await self._ack(source, entry_id)
         self._settled[source].add(entry_id)

@@ -572,9 +572,7 @@ class HookWorker:
         unsent = await send_replies(self.redis, self.stream, WORKERS_GROUP, replies, ack=not carry)
         if unsent is None:  # not acknowledged: answered again when claimed
             return
-        if carry and self._acks.taken:
-            self._acks += replies.acks
-        elif carry:  # the reader stopped while the replies went out
+        if carry and not self._acks.hand(replies.acks):  # the reader stopped meanwhile
             await self._ack(*replies.acks)
         for entry_id in replies.acks:
             self._settled.add(entry_id)
