@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,27 @@ def test_partition_and_shard_tags_fall_in_distinct_equal_slot_ranges(parts: int)
         assert sorted(slot_range(key_slot(t.encode()), parts) for t in shards) == list(
             range(parts)
         ), hook
+
+
+@pytest.mark.parametrize(("partitions", "shards"), [(3, 3), (6, 3), (16, 4), (64, 8), (2, 3)])
+def test_a_sessions_requests_go_to_the_shard_beside_its_events_partition(
+    partitions: int, shards: int
+) -> None:
+    keys = Keys("hookbus", partitions)
+    for hook in ("Guard", "SecretGuard", "bench-cluster-noop", "a"):
+        used = Counter()
+        for n in range(400):
+            sid = f"s-{n}"
+            shard = keys.shard(hook, sid, shards)
+            assert shard == keys.shard(hook, sid, shards)  # always the same: in order in one
+            used[shard] += 1
+            if partitions < shards:  # too few partitions to sit beside: spread by the session
+                assert shard == zlib.crc32(sid.encode()) % shards
+                continue
+            event_slot = key_slot(partition_tag("e", keys.partition(sid), partitions).encode())
+            tag = shard_tag(hook, shard, shards)
+            assert slot_range(key_slot(tag.encode()), shards) == slot_range(event_slot, shards)
+        assert len(used) == shards, f"{hook}: sessions reach only shards {sorted(used)}"
 
 
 @pytest.fixture
@@ -187,6 +209,9 @@ async def test_a_hook_sharded_three_ways_answers_the_sessions_of_every_shard(
         assert len({master_of(client, s) for s in streams}) == 3, "shards share a master"
         used = {client.directory.requests("Guard", s) for s in sessions}
         assert used == set(streams), "the sessions do not cover every shard"
+        for s in sessions:  # a dispatch's event, its requests and a foreign agent's decision
+            beside = {keys.events(s), keys.decisions(s), client.directory.requests("Guard", s)}
+            assert len({master_of(client, k) for k in beside}) == 1, s  # on one master
         results = await asyncio.gather(
             *(client.run_pre_tool_use(PreToolUseContext(session_id=s, tool_name="t",
                                                         tool_args={"x": 1}))

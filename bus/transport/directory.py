@@ -24,7 +24,7 @@ from bus.events import HookEvent
 from bus.hooks import MODES, HookSpec
 from bus.protocol import BreakGlass, HookManifest, decode, retired_hook
 from bus.transport.clock import RedisClock, describe, is_skewed
-from bus.transport.keys import MAX_SHARDS, Keys, spread
+from bus.transport.keys import MAX_SHARDS, Keys
 
 log = logging.getLogger("hookbus.directory")
 
@@ -217,11 +217,11 @@ class HookDirectory:
 
     def requests(self, name: str, session_id: str) -> str:
         """The request stream a session's requests to hook ``name`` go to: one of the hook's
-        manifest's ``shards`` (``crc32(session id) mod shards``), so that a session's requests
-        stay in order in one."""
+        manifest's ``shards`` (:meth:`Keys.shard`), so that a session's requests stay in order
+        in one."""
         target = self.by_name.get(name)
         shards = min(max(1, target.manifest.shards), MAX_SHARDS) if target is not None else 1
-        return self._keys.requests(name, spread(session_id, shards), shards)
+        return self._keys.requests(name, self._keys.shard(name, session_id, shards), shards)
 
     def live(self, name: str) -> bool:
         target = self.by_name.get(name)

@@ -54,8 +54,11 @@ A partition's tag is chosen so that N partitions spread evenly over the cluster'
 slot lies in the i-th of N equal slot ranges (:func:`partition_tag`). A session's partition is
 ``crc32(session id, UTF-8) mod N`` (:meth:`Keys.partition`). A hook's request shards spread the
 same way: shard 0 keeps the hook's tag, and shard k of S takes the first ``NAME#k.j`` whose slot
-lies in the k-th of S equal slot ranges after shard 0's (:func:`shard_tag`); a session's requests
-go to shard ``crc32(session id, UTF-8) mod S``.
+lies in the k-th of S equal slot ranges after shard 0's (:func:`shard_tag`). A session's requests
+go to the shard whose slot range holds its events partition's slot, when the bus has at least S
+partitions (on a cluster whose masters own equal slot ranges, the event and the requests of one
+dispatch go to one master, in one write), else to shard ``crc32(session id, UTF-8) mod S``
+(:meth:`Keys.shard`).
 
 Dead letters live in one stream per unit (a hook, a tenant, the coordinators), under the unit's
 hash tag, so a leaked credential can write, trim or exhaust only its own unit's; each is capped at
@@ -142,6 +145,19 @@ def _slot_range(index: int, parts: int) -> tuple[int, int]:
             (index + 1) * REDIS_CLUSTER_HASH_SLOTS // parts)  # fmt: skip
 
 
+def _range_of(slot: int, parts: int) -> int:
+    """Which of ``parts`` equal slot ranges holds ``slot``."""
+    return next(i for i in range(parts) if _slot_range(i, parts)[1] > slot)
+
+
+@cache
+def _shard_beside(hook: str, partition: int, partitions: int, shards: int) -> int:
+    """The shard of a hook's ``shards`` whose slot range holds events partition
+    ``partition``'s slot (:func:`shard_tag` puts shard k in the k-th range after shard 0's)."""
+    here = _range_of(key_slot(partition_tag("e", partition, partitions).encode()), shards)
+    return (here - _range_of(key_slot(hook.encode()), shards)) % shards
+
+
 @cache
 def shard_tag(hook: str, shard: int, shards: int) -> str:
     """The hash tag of request shard ``shard`` of a hook's ``shards``. Shard 0 is the hook's own
@@ -150,8 +166,7 @@ def shard_tag(hook: str, shard: int, shards: int) -> str:
     a hook's shards spread over the slots as partitions do (:func:`partition_tag`)."""
     if shard == 0:
         return hook
-    slot = key_slot(hook.encode())
-    home = next(i for i in range(shards) if _slot_range(i, shards)[1] > slot)
+    home = _range_of(key_slot(hook.encode()), shards)
     low, high = _slot_range((home + shard) % shards, shards)
     for j in range(1_000_000):
         tag = f"{hook}#{shard}.{j}"
@@ -224,6 +239,20 @@ class Keys:
     def partition(self, session_id: str) -> int:
         """The partition of a session: its events and decisions stay in order in one stream."""
         return spread(session_id, self.partitions)
+
+    def shard(self, hook: str, session_id: str, shards: int) -> int:
+        """Which of a hook's ``shards`` request streams a session's requests go to, always the
+        same one, so that they stay in order. With at least as many partitions as shards, the
+        shard beside the session's events partition: its tag's slot in the same of ``shards``
+        equal slot ranges, so that on a cluster whose masters own equal ranges (what
+        ``redis-cli --cluster create`` makes) a dispatch's event and its requests go to one
+        master in one write (docs/performance.md: a write more per decision cost the masters a
+        third more CPU); else ``crc32(session id) mod shards``."""
+        if shards <= 1:
+            return 0
+        if self.partitions < shards:
+            return spread(session_id, shards)
+        return _shard_beside(hook, self.partition(session_id), self.partitions, shards)
 
     def events(self, session_id: str) -> str:
         """The events stream of a session's partition."""
