@@ -37,7 +37,6 @@ import json
 import os
 import sys
 import time
-import zlib
 from typing import Any
 
 import msgspec
@@ -70,11 +69,6 @@ def floor_connect(url: str) -> Redis:
 
 def layout() -> tuple[int, int]:
     return int(os.environ.get("HOOKBUS_PARTITIONS", "1")), int(os.environ.get("BENCH_SHARDS", "1"))
-
-
-def shard_of(session_id: str, shards: int) -> int:
-    """As bus/transport/directory.py picks a request shard for a session."""
-    return 0 if shards <= 1 else zlib.crc32(session_id.encode()) % shards
 
 
 def sessions(count: int) -> list[str]:
@@ -202,7 +196,7 @@ async def floor_agent(url: str, prefix: str, n_sessions: int, calls: int, hook: 
         waiting[request_id] = future
         async with redis.pipeline(transaction=False) as pipe:
             pipe.xadd(
-                keys.requests(hook, shard_of(session, shards), shards),
+                keys.requests(hook, keys.shard(hook, session, shards), shards),  # as HookBus picks
                 {"data": payload},
                 maxlen=10_000,
                 approximate=True,

@@ -79,6 +79,9 @@ TARGETS = {
     "cluster service": {"service": 1.3, "hook": 1.3, "redis": 1.3},
 }
 CLUSTER_PARTITIONS = 6  # as bench.cluster's cluster target
+#: The hook's request shards on the cluster, as bench.cluster's (and docs/scaling.md's advice
+#: for a hot hook): a session's requests then go to the master of its events partition.
+CLUSTER_SHARDS = 3
 SELF = 0  # the pid that stands for this process
 
 
@@ -251,6 +254,7 @@ class Deployment:
     partitions: int
     servers: list[int]  # pids of the Redis masters
     children: Children
+    shards: int = 1  # the hook's request streams (``hookbus worker --shards``)
     worker: int = 0
     coordinator: int = 0
     client: HookClient | None = None
@@ -262,7 +266,10 @@ class Deployment:
         hook = sync_dispatch.NOOPS[0]
         target = f"{sync_dispatch.MODULE}:{hook.__name__}"
         self.worker = self.children.start(
-            f"{self.label}-worker", "workers.cli", ["worker", target], self.env()
+            f"{self.label}-worker",
+            "workers.cli",
+            ["worker", target, "--shards", str(self.shards)],
+            self.env(),
         ).pid
         self.coordinator = self.children.start(
             f"{self.label}-coordinator", "workers.cli", ["coordinator"], self.env()
@@ -367,7 +374,8 @@ async def cluster_rows(
     masters = [cluster.node(p).proc.pid for p in cluster.master_ports()]  # type: ignore[union-attr]
     url = cluster.url.replace("redis://", "redis+cluster://", 1)
     one = Deployment("node", node[0], "fixed-node", 1, [node[1]], children)
-    many = Deployment("cluster", url, "fixed-cluster", CLUSTER_PARTITIONS, masters, children)
+    many = Deployment("cluster", url, "fixed-cluster", CLUSTER_PARTITIONS, masters, children,
+                      shards=CLUSTER_SHARDS)  # fmt: skip
     plain = connect(node[0])
     spread = RedisCluster.from_url(cluster.url)
     try:
