@@ -94,13 +94,16 @@ class HookRegistry(EventRunner):
         # Each list is replaced, never changed in place: a dispatch in flight keeps the list
         # it started with (it dispatches the index itself when nothing needs selecting).
         self._event_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
-        #: Per event: every global hook lets every tool call through and enforces its answers,
-        #: so with no session hooks, selection and the shadowed-answer scan have nothing to do.
-        self._plain: dict[HookEvent, bool] = dict.fromkeys(HookEvent, True)
-        #: Per event, each global hook's spec and its bound method for the event, in order.
-        self._calls: dict[HookEvent, list[LocalCall]] = {e: [] for e in HookEvent}
+        #: Per event, when every global hook lets every tool call through and enforces its
+        #: answers (so with no session hooks, selection and the shadowed-answer scan have nothing
+        #: to do): the hooks and each one's ``LocalCall``, in order; else None. One look-up on
+        #: the hot path.
+        self._plain: dict[HookEvent, tuple[list[LocalTarget], list[LocalCall]] | None] = {
+            e: ([], []) for e in HookEvent
+        }
         self._session_hooks: dict[str, list[LocalTarget]] = {}
         self._async_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
+        self.fires = self._async_index  # an event's async hooks: none, nothing to fire
         self._names: set[str] = set()
         self.async_failures = 0
         self.breakglass: BreakGlass | None = None
@@ -133,12 +136,13 @@ class HookRegistry(EventRunner):
 
     def _index(self, event: HookEvent, targets: list[LocalTarget]) -> None:
         self._event_index[event] = targets
-        self._calls[event] = [local_call(t.spec, t.methods[event]) for t in targets]
-        self._plain[event] = all(
+        plain = all(
             t.spec.mode == "enforce"
             and (event not in TOOL_EVENTS or t.spec.match_filter.is_match_all())
             for t in targets
         )
+        calls = [local_call(t.spec, t.methods[event]) for t in targets]
+        self._plain[event] = (targets, calls) if plain else None
 
     def add_async(self, hook: AsyncAgentHook) -> HookSpec:
         """Register a fire-and-forget hook."""
@@ -231,18 +235,18 @@ class HookRegistry(EventRunner):
     def start_gather(
         self, event: HookEvent, ctx: HookContext, sequential: bool = False
     ) -> list[Outcome] | Awaitable[list[Outcome]]:
+        plain = self._plain[event]
         if (
-            self.breakglass is None
-            and self._plain[event]
+            plain is not None
+            and self.breakglass is None
             and not (self._session_hooks and session_of(ctx) in self._session_hooks)
         ):
             # The usual case, kept cheap (this is the hot path): select() would return the
             # index as it is, and no hook's answer can be held back.
-            index = self._event_index[event]
             # No observer reads the outcomes' times here (observers, and tracing, take the
             # runner's other paths): timed=False (passed by position: a keyword costs more).
-            return start_local(event, ctx, index, self.settings.hook_timeout_secs, sequential,
-                               self._calls[event], False)  # fmt: skip
+            return start_local(event, ctx, plain[0], self.settings.hook_timeout_secs, sequential,
+                               plain[1], False)  # fmt: skip
         return self.gather(event, ctx, sequential=sequential)
 
     async def gather(
@@ -250,7 +254,7 @@ class HookRegistry(EventRunner):
     ) -> list[Outcome]:
         session = self._session_hooks.get(session_of(ctx), ()) if self._session_hooks else ()
         index = self._event_index[event]
-        if self.breakglass is None and not session and self._plain[event]:
+        if self.breakglass is None and not session and self._plain[event] is not None:
             return await run_targets(event, ctx, index, self.settings.hook_timeout_secs,
                                      sequential=sequential, local=True)  # fmt: skip
         name, args = tool_of(ctx)

@@ -13,7 +13,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -83,6 +83,9 @@ def inspected(ctx: HookContext) -> bytes:
 DispatchObserver = Callable[[HookEvent, HookContext, Sequence[Outcome], float], None]
 
 
+#: ``HookRunner.fires`` of a mode whose ``fire_async`` always has work (it publishes every event).
+_ALWAYS: Mapping[HookEvent, object] = dict.fromkeys(HookEvent, True)
+
 #: The ``run_*`` method of each event.
 RUN_METHODS: dict[HookEvent, str] = {
     HookEvent.ON_SESSION_START: "run_on_session_start",
@@ -123,6 +126,9 @@ class EventRunner(abc.ABC):
         self.observers: list[DispatchObserver] = []
         #: Dispatches refused because no hook could be shown their context.
         self.refusals = 0
+        #: Per event, true when ``fire_async`` has something to do (a mode with no async hooks
+        #: for an event says so here: the hot path then skips the call).
+        self.fires: Mapping[HookEvent, object] = _ALWAYS
 
     # -- what a mode provides ---------------------------------------------------------------
 
@@ -223,7 +229,8 @@ class EventRunner(abc.ABC):
             return exc
         if self.sends_context:
             _inspected.set((ctx, data))
-        self.fire_async(event, ctx)
+        if self.fires[event]:
+            self.fire_async(event, ctx)
         if not self.observers:
             return self.start_gather(event, ctx, sequential)
         return self._observed(event, ctx, sequential)
