@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from bus import (
+    CONTINUE,
     Block,
     ConfigError,
     ContextTypeError,
@@ -54,6 +56,7 @@ from bus import (
     UnknownEventError,
     Warn,
 )
+from bus.aggregation import Outcome
 from tests.hooks_for_tests import AsyncRecorder, Recorder
 
 PRE = HookEvent.PRE_TOOL_USE
@@ -590,6 +593,59 @@ async def test_every_way_a_hook_can_end_is_judged_in_its_slot_when_hooks_suspend
     outcomes = await reg.gather(PRE, pre(path="a"))  # released: every hook answers in order
     assert [o.spec.name for o in outcomes] == [h.name for h in hooks]
     assert outcomes[4].action == MutateInput(updated_args={"path": "b"})
+
+
+class Ends(Recorder):
+    """Ends one way (``how``), with a 0.2 s timeout."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(how, timeout=0.2)
+        self.how = how
+
+    async def pre_tool_use(self, ctx: PreToolUseContext) -> Any:
+        how = self.how
+        if how.startswith("waits"):
+            await asyncio.sleep(0)
+        if how.endswith("past its timeout"):
+            await asyncio.sleep(5)
+        if how.endswith("raises"):
+            raise RuntimeError(f"{how}!")
+        if how.endswith("cancelled"):
+            raise asyncio.CancelledError
+        if how == "holds the loop":
+            time.sleep(0.3)
+        if how.endswith("mutates"):
+            return MutateInput(updated_args={"path": "b"})
+        if how.endswith("wrong answer"):
+            return Override(decision="allow")
+        return Block(reason=how) if how.endswith("blocks") else CONTINUE
+
+
+ENDINGS = [
+    "continues", "blocks", "mutates", "raises", "cancelled", "holds the loop", "wrong answer",
+    "waits, continues", "waits, blocks", "waits, raises", "waits past its timeout",
+    "waits, cancelled",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+async def test_a_lone_hook_is_judged_as_the_same_hook_beside_others(how: str) -> None:
+    # A dispatch with one hook sends to it directly, without the driver that calls several
+    # (bus/dispatch.py, start_local): both ways must judge every ending alike.
+    def judged(outcome: Outcome) -> tuple[Any, ...]:
+        return (outcome.action, outcome.failure, outcome.detail.split(" after ")[0][:30])
+
+    alone = await registry(Ends(how)).gather(PRE, pre(path="a"))
+    beside = await registry(Recorder("before"), Ends(how), Recorder("after")).gather(
+        PRE, pre(path="a")
+    )
+    assert [judged(o) for o in alone] == [judged(beside[1])]
+    expected_failure = {"raises": "error", "cancelled": "error", "holds the loop": "timeout",
+                        "wrong answer": "error", "past its timeout": "timeout"}  # fmt: skip
+    failure = next((f for end, f in expected_failure.items() if how.endswith(end)), None)
+    assert alone[0].failure == failure, alone[0]
+    result = await registry(Ends(how)).run_pre_tool_use(pre(path="a"))
+    assert result.is_blocked == how.endswith("blocks")
 
 
 async def test_session_stop_runs_hooks_that_answer_at_once_after_one_that_waits_in_order() -> None:
