@@ -271,7 +271,7 @@ async def _drive_hooks(
     Why a driver, not ``coroutine.send()`` per hook: a coroutine finished by ``send()`` raises
     ``StopIteration``, which cost as much as a no-op hook; one awaited here returns its value
     without an exception. Only the driver, once per dispatch, is finished by ``send()``."""
-    perf = time.perf_counter
+    perf, coroutine, cont = time.perf_counter, types.CoroutineType, Continue  # read once
     me = cursor[2]
     t0 = cursor[1]
     for i in range(first, len(calls)):
@@ -280,7 +280,7 @@ async def _drive_hooks(
         cursor[1] = t0
         try:
             started = method(ctx)
-            if type(started) is not types.CoroutineType:
+            if type(started) is not coroutine:
                 started = _started(event, started)
             answer = await started
         # A hook's crash is an outcome, not our crash. A CancelledError here, before the hook
@@ -296,7 +296,7 @@ async def _drive_hooks(
         if cursor[2] != me:
             return answer  # the hook suspended, then answered: its task's result
         t1 = perf()  # one clock read per hook: what nothing could pre-empt is still judged
-        if type(answer) is Continue and not timed and t1 - t0 <= (limit or default_timeout):
+        if type(answer) is cont and not timed and t1 - t0 <= (limit or default_timeout):
             outcomes[i] = continued  # the usual answer, allowed for every event, in time
         else:
             outcomes[i] = _judged(event, spec, answer, t1 - t0, limit or default_timeout)

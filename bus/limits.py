@@ -172,13 +172,16 @@ def encode(value: Any, what: str, *, context: bool = False) -> bytes:
 
 _WHAT = {kind: f"{event.value} context" for event, kind in CONTEXT_TYPES.items()}
 _DEEP_ENOUGH = 2 * MAX_CONTEXT_DEPTH
+#: A context's JSON is at most this long before its session id could outgrow its room.
+_HALF_CONTEXT = MAX_CONTEXT_BYTES // 2
+_to_json = _encoder.encode  # bound once: every dispatch encodes its context
 
 
 def encode_context(ctx: Any) -> bytes:
     """A context as JSON, within the bounds of a context (LimitError otherwise). Every dispatch
     runs this once, embedded too: the usual case is one encode, two counts and a length."""
     try:
-        data = _encoder.encode(ctx)
+        data = _to_json(ctx)
     except Exception:
         data = _encode(ctx, _WHAT[type(ctx)], MAX_CONTEXT_DEPTH)  # raises, naming why
     # JSON of 2 * MAX_CONTEXT_DEPTH bytes or fewer cannot nest deeper (each level opens and
@@ -186,7 +189,7 @@ def encode_context(ctx: Any) -> bytes:
     size = len(data)
     if size > _DEEP_ENOUGH and (size > MAX_CONTEXT_BYTES or openers(data) > MAX_CONTEXT_DEPTH):
         check_context(data, _WHAT[type(ctx)])
-    if 2 * size > MAX_CONTEXT_BYTES:  # only then can the session id outgrow its room
+    if size > _HALF_CONTEXT:  # only then can the session id outgrow its room
         _check_session_id(ctx, size)
     return data
 
