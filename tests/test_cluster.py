@@ -68,7 +68,9 @@ def test_partition_and_shard_tags_fall_in_distinct_equal_slot_ranges(parts: int)
         ), hook
 
 
-@pytest.mark.parametrize(("partitions", "shards"), [(3, 3), (6, 3), (16, 4), (64, 8), (2, 3)])
+@pytest.mark.parametrize(
+    ("partitions", "shards"), [(3, 3), (6, 3), (16, 4), (64, 8), (2, 3), (4, 3), (1, 2)]
+)
 def test_a_sessions_requests_go_to_the_shard_beside_its_events_partition(
     partitions: int, shards: int
 ) -> None:
@@ -80,13 +82,14 @@ def test_a_sessions_requests_go_to_the_shard_beside_its_events_partition(
             shard = keys.shard(hook, sid, shards)
             assert shard == keys.shard(hook, sid, shards)  # always the same: in order in one
             used[shard] += 1
-            if partitions < shards:  # too few partitions to sit beside: spread by the session
+            if partitions % shards:  # beside its partition, the shards' shares would differ
                 assert shard == zlib.crc32(sid.encode()) % shards
                 continue
             event_slot = key_slot(partition_tag("e", keys.partition(sid), partitions).encode())
             tag = shard_tag(hook, shard, shards)
             assert slot_range(key_slot(tag.encode()), shards) == slot_range(event_slot, shards)
         assert len(used) == shards, f"{hook}: sessions reach only shards {sorted(used)}"
+        assert max(used.values()) < 2 * min(used.values()), f"{hook}: uneven shares {used}"
 
 
 @pytest.fixture

@@ -55,9 +55,9 @@ slot lies in the i-th of N equal slot ranges (:func:`partition_tag`). A session'
 ``crc32(session id, UTF-8) mod N`` (:meth:`Keys.partition`). A hook's request shards spread the
 same way: shard 0 keeps the hook's tag, and shard k of S takes the first ``NAME#k.j`` whose slot
 lies in the k-th of S equal slot ranges after shard 0's (:func:`shard_tag`). A session's requests
-go to the shard whose slot range holds its events partition's slot, when the bus has at least S
-partitions (on a cluster whose masters own equal slot ranges, the event and the requests of one
-dispatch go to one master, in one write), else to shard ``crc32(session id, UTF-8) mod S``
+go to the shard whose slot range holds its events partition's slot, when the partitions are a
+multiple of S (on a cluster whose masters own equal slot ranges, the event and the requests of
+one dispatch go to one master, in one write), else to shard ``crc32(session id, UTF-8) mod S``
 (:meth:`Keys.shard`).
 
 Dead letters live in one stream per unit (a hook, a tenant, the coordinators), under the unit's
@@ -242,15 +242,16 @@ class Keys:
 
     def shard(self, hook: str, session_id: str, shards: int) -> int:
         """Which of a hook's ``shards`` request streams a session's requests go to, always the
-        same one, so that they stay in order. With at least as many partitions as shards, the
-        shard beside the session's events partition: its tag's slot in the same of ``shards``
-        equal slot ranges, so that on a cluster whose masters own equal ranges (what
+        same one, so that they stay in order. When the partitions are a multiple of the shards,
+        the shard beside the session's events partition: its tag's slot in the same of
+        ``shards`` equal slot ranges, so that on a cluster whose masters own equal ranges (what
         ``redis-cli --cluster create`` makes) a dispatch's event and its requests go to one
         master in one write (docs/performance.md: a write more per decision cost the masters a
-        third more CPU); else ``crc32(session id) mod shards``."""
+        third more CPU), and each shard takes the sessions of as many partitions; else
+        ``crc32(session id) mod shards`` (even shares either way)."""
         if shards <= 1:
             return 0
-        if self.partitions < shards:
+        if self.partitions % shards:
             return spread(session_id, shards)
         return _shard_beside(hook, self.partition(session_id), self.partitions, shards)
 
