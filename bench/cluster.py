@@ -785,14 +785,28 @@ def report(
 ASYNC_VS_FLOOR, ASYNC_VS_NODE, IDLE_COMMANDS = 0.9, 1.5, 40.0
 
 
+def _drain_cpu(trial: dict[str, Any]) -> float:
+    """CPU µs per event of the consumers and the masters: what draining the events cost."""
+    return float(trial["cpu_us"]["consumers"] + trial["cpu_us"]["redis masters"])
+
+
 def async_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """HookBus's async hooks on the cluster against their targets, where the run has them."""
+    """HookBus's async hooks on the cluster against their targets, where the run has them.
+    ``cpu_vs_floor``: the floor's CPU per event (consumers and masters) over HookBus's, paired by
+    round, held to the rate's target: on shared cores a rate moves with the other processes,
+    the CPU a drain costs much less."""
     by = {(r["target"], r["workload"], r["impl"]): r for r in rows}
     row = by.get(("cluster", "events", "hookbus"))
     if row is None:
         return {}
+    floor = by.get(("cluster", "events", "floor"))
+    cpu = None
+    if floor is not None:  # the same work's CPU: steadier than a rate on shared cores
+        pairs = zip(row["trials"], floor["trials"], strict=True)
+        cpu = round(_median([_drain_cpu(f) / _drain_cpu(h) for h, f in pairs]), 2)
     figures = {
         "vs_floor": (row["ratio_to_floor"], ASYNC_VS_FLOOR),
+        "cpu_vs_floor": (cpu, ASYNC_VS_FLOOR),
         "vs_node": (row.get("ratio_to_node"), ASYNC_VS_NODE),
         "idle_commands_per_sec": (row["idle_commands_per_sec_per_replica"], IDLE_COMMANDS),
     }

@@ -64,7 +64,7 @@ def test_quick_run_writes_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             assert row["idle_commands_per_sec_per_replica"] > 0, what
         assert row["capacity"]["client_cpu_us_per_op"] > 0, what
     targets = report["async_cluster_targets"]
-    assert set(targets) == {"vs_floor", "vs_node", "idle_commands_per_sec"}
+    assert set(targets) == {"vs_floor", "cpu_vs_floor", "vs_node", "idle_commands_per_sec"}
     for name, t in targets.items():
         assert t["value"] > 0 and t["target"] > 0, name
         assert isinstance(t["holds"], bool), name
