@@ -5,12 +5,13 @@ coroutine function ``endpoint(event, ctx, deadline)``. The in-process registry's
 the hook's method; a remote endpoint sends a request and waits for the reply. Outcomes come back
 in hook order whatever order the hooks finish in, so aggregation never depends on timing.
 
-Hot path (hooks of this process, ``start_local``): the hooks are awaited one after the other
-by a driver coroutine in the caller's task. Most hooks answer without suspending, and then no
-task, no timer and no event-loop round trip is created. Every hook runs in one task from its
-first step to its end: the first that suspends is finished by the caller's task, under its
-deadline, and the hooks after it by a task of their own (``own_task``), so what a hook ties to
-its current task (``asyncio.timeout``, anyio's cancel scopes) is never another's.
+Hot path (hooks of this process, ``start_local``): the hooks are awaited one after the other by
+a driver coroutine in the caller's task (a lone hook is sent to directly). Most hooks answer
+without suspending, and then no task, no timer and no event-loop round trip is created. Every
+hook runs in one task from its first step to its end: the first that suspends is finished by
+the caller's task, under its deadline, and the hooks after it by a task of their own
+(``own_task``), so what a hook ties to its current task (``asyncio.timeout``, anyio's cancel
+scopes) is never another's.
 
 What nothing can pre-empt is still judged: a hook that holds the event loop past its timeout
 (a blocking call in an ``async def``) answers too late to count, so its answer is recorded as
@@ -344,7 +345,8 @@ def start_local(
     Profiled (docs/performance.md, "In-process dispatch"), the general loop spent more on its
     own calls per hook (the endpoint wrapper, ``_start``, ``eager``, tuples, a deadline worked
     out for every hook, a coroutine per level) than the hooks took. Here one driver coroutine
-    (``_drive_hooks``) awaits the hooks one after the other; a deadline is worked out only for
+    (``_drive_hooks``) awaits the hooks one after the other (a lone hook is sent to directly:
+    the driver's own coroutine would cost more than it saves); a deadline is worked out only for
     a hook that suspends. The caller's task finishes that hook under it (``_finish``): its first
     step ran in this task, and what it tied to the current task then (``asyncio.timeout``,
     anyio's cancel scopes: httpx) stays right. The hooks after it go on side by side in a task
