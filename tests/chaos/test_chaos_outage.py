@@ -2,7 +2,7 @@
 
 A private cluster (3 masters, ``cluster-node-timeout`` 1 s, ``cluster-require-full-coverage no``
 on every node but in the last case). 3 partitions, and the ``fail`` hook Guard served
-with ``--shards 3`` by two processes, so that sessions' requests and events spread over every
+with ``--shards 4`` by two processes, so that sessions' requests and events spread over every
 master. One agent process (one HookClient) runs one closed loop of PreToolUse decisions per
 session; the async hook Ledger (one replica) records every event it handles. The killed
 master holds none of the bus-wide keys (the prefix is chosen so that they
@@ -55,7 +55,11 @@ from workers.local.redis_cluster import LocalCluster
 pytestmark = pytest.mark.timeout(300)
 
 PRE = HookEvent.PRE_TOOL_USE
-PARTITIONS = SHARDS = 3
+PARTITIONS = 3
+#: Not a multiple of the partitions' count: a session's requests then go to shard crc32 mod 4,
+#: not beside its partition (Keys.shard), so that some sessions' events and requests are on
+#: different masters, and a refused event is seen not to block a decision.
+SHARDS = 4
 BEFORE, DURING = 2.0, 3.0  # seconds of load before the kill, and with the master gone
 
 
