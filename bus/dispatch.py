@@ -364,10 +364,13 @@ def start_local(
             # One hook: sent to directly. A driver costs more than it saves with one hook (a
             # coroutine of its own: 0.8 µs against the hook's 0.3 µs, docs/performance.md).
             spec, method, continued, limit = calls[0]
-            try:
+            try:  # a StopIteration raised by the method itself is its crash, as in the driver
                 driver = method(ctx)
                 if type(driver) is not types.CoroutineType:
                     driver = _started(event, driver)
+            except (Exception, asyncio.CancelledError) as exc:
+                return [_failure(event, spec, exc, time.perf_counter() - began)]
+            try:
                 step = driver.send(None)
             except StopIteration as stop:
                 elapsed = time.perf_counter() - began

@@ -57,6 +57,8 @@ from bus import (
     Warn,
 )
 from bus.aggregation import Outcome
+from bus.dispatch import local_call, start_local
+from bus.hooks import spec_of
 from tests.hooks_for_tests import AsyncRecorder, Recorder
 
 PRE = HookEvent.PRE_TOOL_USE
@@ -646,6 +648,22 @@ async def test_a_lone_hook_is_judged_as_the_same_hook_beside_others(how: str) ->
     assert alone[0].failure == failure, alone[0]
     result = await registry(Ends(how)).run_pre_tool_use(pre(path="a"))
     assert result.is_blocked == how.endswith("blocks")
+
+
+async def test_a_method_raising_stop_iteration_is_a_crash_alone_as_beside_others() -> None:
+    # A plain def (refused at load; assigned to the hook later, say) that raises StopIteration
+    # carrying an answer must not pass for that answer, alone (no driver) or with others.
+    def smuggles(ctx: Any) -> Any:
+        raise StopIteration(Block(reason="smuggled"))
+
+    lone = local_call(spec_of(Recorder("Smuggler", events=(PRE,))), smuggles)
+    other = local_call(spec_of(Recorder("Other", events=(PRE,))), Recorder("Other").pre_tool_use)
+    for calls in ([lone], [other, lone]):
+        outcomes = start_local(PRE, pre(path="a"), calls, 5.0, calls=calls, timed=False)
+        assert isinstance(outcomes, list)
+        smuggled = outcomes[-1]
+        assert smuggled.action is None and smuggled.failure == "error", smuggled
+        assert "StopIteration" in smuggled.detail
 
 
 async def test_session_stop_runs_hooks_that_answer_at_once_after_one_that_waits_in_order() -> None:
