@@ -103,7 +103,8 @@ class HookRegistry(EventRunner):
         }
         self._session_hooks: dict[str, list[LocalTarget]] = {}
         self._async_index: dict[HookEvent, list[LocalTarget]] = {e: [] for e in HookEvent}
-        self.fires = self._async_index  # an event's async hooks: none, nothing to fire
+        if type(self).fire_async is HookRegistry.fire_async:  # a subclass's own is always called
+            self.fires = self._async_index  # an event's async hooks: none, nothing to fire
         self._names: set[str] = set()
         self.async_failures = 0
         self.breakglass: BreakGlass | None = None

@@ -440,6 +440,24 @@ async def test_async_hook_dispatch() -> None:
     assert len(a.seen) == 1  # not subscribed to OnStepComplete
 
 
+async def test_a_subclass_that_fires_events_itself_is_called_for_every_event() -> None:
+    # The hot path skips fire_async for an event without async hooks (HookRunner.fires), but
+    # not a subclass's own fire_async (forwarding events elsewhere, say).
+    fired: list[HookEvent] = []
+
+    class Forwarding(HookRegistry):
+        def fire_async(self, event: HookEvent, ctx: Any) -> None:
+            fired.append(event)
+
+    reg = Forwarding(HookSettings())
+    reg.add(Recorder("Guard", events=(PRE,)))
+    await reg.run_pre_tool_use(pre(path="a"))
+    await reg.run_post_tool_use(post())
+    assert fired == [PRE, HookEvent.POST_TOOL_USE]
+    plain = registry(Recorder("Guard", events=(PRE,)))
+    assert not plain.fires[PRE]  # no async hook: the call is skipped
+
+
 async def test_async_hook_timeout_is_counted_not_raised() -> None:
     a = AsyncRecorder("Stuck", events=(HookEvent.POST_TOOL_USE,), delay=5)
     reg = registry(async_timeout_secs=0.05)
