@@ -92,6 +92,47 @@ def test_a_sessions_requests_go_to_the_shard_beside_its_events_partition(
         assert max(used.values()) < 2 * min(used.values()), f"{hook}: uneven shares {used}"
 
 
+def redis_cli_ranges(masters: int) -> list[tuple[int, int]]:
+    """The slots ``redis-cli --cluster create`` gives each of ``masters`` (first, last), as its
+    clusterManagerCommandCreate splits them (``lround``: half away from zero)."""
+    per, first, cursor, ranges = REDIS_CLUSTER_HASH_SLOTS / masters, 0, 0.0, []
+    for i in range(masters):
+        last = int(cursor + per - 1 + 0.5)
+        if last >= REDIS_CLUSTER_HASH_SLOTS or i == masters - 1:
+            last = REDIS_CLUSTER_HASH_SLOTS - 1
+        ranges.append((first, last))
+        first, cursor = last + 1, cursor + per
+    return ranges
+
+
+@pytest.mark.parametrize(("masters", "partitions", "shards"), [(3, 6, 3), (3, 6, 6), (6, 6, 3)])
+def test_the_shard_beside_a_partition_shares_its_master_when_the_shards_fit_the_masters(
+    masters: int, partitions: int, shards: int
+) -> None:
+    # docs/scaling.md: one write per dispatch on a redis-cli cluster when S is a multiple of the
+    # masters' count (else about half the dispatches with 6 masters and S = 3 do not).
+    ranges = redis_cli_ranges(masters)
+    assert ranges[1] == ((5461, 10922) if masters == 3 else (2731, 5460))  # redis-cli's split
+
+    def master(tag: str) -> int:
+        slot = key_slot(tag.encode())
+        return next(m for m, (low, high) in enumerate(ranges) if low <= slot <= high)
+
+    keys = Keys("hookbus", partitions)
+    split = total = 0
+    for hook in ("Guard", "SecretGuard", "bench-cluster-noop", "a"):
+        for n in range(300):
+            sid = f"s-{n}"
+            event_tag = partition_tag("e", keys.partition(sid), partitions)
+            shard_master = master(shard_tag(hook, keys.shard(hook, sid, shards), shards))
+            split += shard_master != master(event_tag)
+            total += 1
+    if shards % masters == 0:
+        assert split == 0
+    else:
+        assert 0.3 < split / total < 0.7, split / total
+
+
 @pytest.fixture
 def settings(cluster_settings: BusSettings) -> BusSettings:
     return msgspec.structs.replace(cluster_settings, partitions=PARTITIONS)
