@@ -317,10 +317,9 @@ def _judged(event: HookEvent, spec: HookSpec, answer: Any, elapsed: float, limit
 
 
 def _started(event: HookEvent, started: Any) -> Coroutine[Any, Any, Any]:
-    """What a hook's method returned, as a coroutine to send to; HookCrashed if it cannot be
-    awaited (a plain def: refused at load, assigned to the hook later, say)."""
-    if type(started) is types.CoroutineType:
-        return started
+    """What a hook's method returned when not a coroutine (its callers test that inline, on the
+    hot path), as a coroutine to send to; HookCrashed if it cannot be awaited (a plain def:
+    refused at load, assigned to the hook later, say)."""
     if not isinstance(started, Awaitable):
         raise HookCrashed(not_a_coroutine(event, started))
     return _await(started)
